@@ -1,0 +1,79 @@
+"""``hpcdl-containers``: the user's image catalogue and containers from a shell or a batch job."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import ContainerError
+from .site import load_site
+from .spec import Mount, RunSpec
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hpcdl-containers", description=__doc__)
+    p.add_argument("--site", help="site configuration file (default: $HPCDL_SITE_CONFIG or /etc/jupyter-hpcdl/site.json)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("images", help="list your images")
+    s = sub.add_parser("pull", help="pull an image from the site's registry")
+    s.add_argument("image")
+    s.add_argument("--registry", help="registry URL (default: the site's)")
+    for name, what in (("load", "an OCI or Docker archive"), ("import", "a root file system tarball")):
+        s = sub.add_parser(name, help=f"add {what} to your images")
+        s.add_argument("tarball")
+        s.add_argument("image")
+    for name, what in (("verify", "check an image's layers"), ("rmi", "remove an image"),
+                       ("ensure", "create your container for an image once; print its name")):
+        sub.add_parser(name, help=what).add_argument("image")
+    sub.add_parser("rm", help="remove a container").add_argument("container")
+    r = sub.add_parser("run", help="run a command in your container for an image (created on first use)")
+    r.add_argument("image")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
+    r.add_argument("-e", "--env", action="append", default=[], metavar="NAME", help="pass this variable by name")
+    r.add_argument("--env-file", action="append", default=[], help="pass the variables in this file")
+    r.add_argument("-v", "--volume", action="append", default=[], metavar="HOST[:CONTAINER]", help="bind mount")
+    r.add_argument("-w", "--workdir")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        site = load_site(args.site)
+        ud = site.client()
+        if args.cmd == "images":
+            print("\n".join(ud.images()))
+        elif args.cmd == "pull":
+            ud.pull(args.image, args.registry or site.registry)
+        elif args.cmd == "load":
+            ud.load(args.tarball, args.image)
+        elif args.cmd == "import":
+            ud.import_tarball(args.tarball, args.image)
+        elif args.cmd == "verify":
+            ud.verify(args.image)
+        elif args.cmd == "rmi":
+            ud.remove_image(args.image)
+        elif args.cmd == "ensure":
+            print(ud.ensure_container(args.image))
+        elif args.cmd == "rm":
+            ud.remove_container(args.container)
+        elif args.cmd == "run":
+            command = args.command[1:] if args.command[:1] == ["--"] else args.command
+            if not command:
+                raise ContainerError("run needs a command: hpcdl-containers run IMAGE -- CMD [ARGS...]")
+            mounts = [Mount(*v.split(":", 1)) if ":" in v else Mount(v) for v in args.volume]
+            spec = RunSpec(container=ud.ensure_container(args.image), command=command, mounts=mounts,
+                           env_names=args.env, env_files=args.env_file, workdir=args.workdir)
+            proc = ud.start(spec)
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                proc.stop()
+                return 130
+    except (ContainerError, FileNotFoundError, ValueError) as e:
+        print(f"hpcdl-containers: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Run a command in a container as a process tree that can be stopped whole.
+
+udocker starts the engine (proot) and exits or waits; killing the udocker process alone leaves the container's
+processes running. So the command starts in a session and process group of its own, and :meth:`stop` signals the
+group and every descendant that left it, then waits, then kills what is left."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from typing import Mapping, Sequence
+
+import psutil
+
+
+class ContainerProcess:
+    """A started ``udocker run``; use as a context manager or call :meth:`stop`."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], private_dir: str | None = None, **popen_kwargs):
+        self.argv = list(argv)
+        self._private_dir = private_dir
+        self.popen = subprocess.Popen(self.argv, env=dict(env), start_new_session=True, **popen_kwargs)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        rc = self.popen.poll()
+        if rc is not None:
+            self._cleanup()
+        return rc
+
+    def wait(self, timeout: float | None = None) -> int:
+        rc = self.popen.wait(timeout)
+        self._cleanup()
+        return rc
+
+    def communicate(self, input: str | bytes | None = None, timeout: float | None = None):
+        out = self.popen.communicate(input, timeout)
+        self._cleanup()
+        return out
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def _signal(self, procs: list[psutil.Process], sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in procs:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM to the whole tree, SIGKILL to what is left after ``timeout`` s; returns the exit status."""
+        procs = self._tree()
+        if self.popen.poll() is None or procs:
+            self._signal(procs, signal.SIGTERM)
+            _, alive = psutil.wait_procs(procs, timeout=timeout)
+            try:
+                self.popen.wait(timeout=0 if not alive else 0.1)
+            except subprocess.TimeoutExpired:
+                pass
+            left = alive + self._tree()
+            if left or self.popen.poll() is None:
+                self._signal(left, signal.SIGKILL)
+                psutil.wait_procs(left, timeout=5)
+        try:
+            rc = self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        self._cleanup()
+        return rc
+
+    def _cleanup(self) -> None:
+        if self._private_dir:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
+
+    def __enter__(self) -> "ContainerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def private_env_file(text: str) -> tuple[str, str]:
+    """Write env-file ``text`` into a fresh directory only the caller can read; return (directory, file)."""
+    d = tempfile.mkdtemp(prefix="hpcdl-env-")
+    path = os.path.join(d, "env")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return d, path

@@ -1,0 +1,204 @@
+"""The thin layer that drives the udocker CLI (udocker has no stable Python API, so every call is a subprocess):
+the user's image catalogue, per-user containers created once and reused, and starting commands in them."""
+from __future__ import annotations
+
+import fcntl
+import getpass
+import glob
+from dataclasses import replace
+import hashlib
+import os
+import shutil
+import subprocess
+from contextlib import contextmanager
+from typing import Iterator, Mapping
+
+from .errors import ToolsMissing, UdockerFailed, UnknownImage
+from .runner import ContainerProcess, private_env_file
+from .spec import (
+    RunSpec,
+    SitePolicy,
+    UdockerInstall,
+    build_create_command,
+    build_pull_command,
+    build_run_command,
+    build_setup_command,
+    check_image_ref,
+    check_mode,
+    check_run_spec,
+    container_name_for,
+    env_file_text,
+    udocker_base,
+    udocker_env,
+)
+from .tools import check_tools
+
+NVIDIA_LIBRARY_GLOBS = ("/usr/lib/x86_64-linux-gnu/libcuda.so*", "/usr/lib64/libcuda.so*", "/usr/lib/libcuda.so*",
+                        "/usr/local/nvidia/lib64/libcuda.so*")
+
+
+def host_has_nvidia(globs=NVIDIA_LIBRARY_GLOBS) -> bool:
+    """Whether this node has the NVIDIA driver's user-space libraries that ``udocker setup --nvidia`` copies."""
+    return any(glob.glob(g) for g in globs)
+
+
+class Udocker:
+    """One user's udocker: ``install`` says where udocker and its tools are, ``policy`` what the site allows."""
+
+    def __init__(self, install: UdockerInstall = UdockerInstall(), policy: SitePolicy | None = None,
+                 environ: Mapping[str, str] | None = None, timeout: float = 900):
+        self.install = install
+        self.policy = policy or SitePolicy()
+        self.environ = dict(os.environ if environ is None else environ)
+        self.timeout = timeout
+
+    # -- plumbing ---------------------------------------------------------------------------------------------------
+    def env(self, mode: str | None = None) -> dict[str, str]:
+        return udocker_env(self.install, self.environ, mode)
+
+    def check_available(self) -> None:
+        """Raise :class:`ToolsMissing` with what to install unless udocker and its tools are there."""
+        exe = self.install.executable
+        if not (os.path.isabs(exe) and os.access(exe, os.X_OK)) and not shutil.which(exe, path=self.environ.get("PATH")):
+            raise ToolsMissing(f"udocker not found ({exe}): install it with 'pip install udocker'")
+        if self.install.tools_dir:
+            check_tools(self.install.tools_dir)
+        check_mode(self.install.default_mode, self.policy)
+
+    def _run(self, argv: list[str], timeout: float | None = None) -> str:
+        self.check_available()
+        try:
+            done = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=timeout or self.timeout)
+        except subprocess.TimeoutExpired as e:
+            raise UdockerFailed(f"'udocker {argv[len(udocker_base(self.install))]}' did not finish in {e.timeout:.0f} s") from e
+        out = done.stdout + done.stderr
+        # udocker exits 0 on some failures (e.g. a truncated layer at create): its "Error:" lines count too.
+        errors = [line for line in out.splitlines() if line.startswith("Error")]
+        if done.returncode != 0 or errors:
+            cmd = " ".join(argv[len(udocker_base(self.install)):][:2])
+            tail = "\n".join((errors or out.strip().splitlines())[-5:])
+            raise UdockerFailed(f"'udocker {cmd}' failed (exit {done.returncode}): {tail}")
+        return done.stdout
+
+    @contextmanager
+    def _lock(self, name: str) -> Iterator[None]:
+        """Serialize container creation between processes of the same user (e.g. two ranks on one node)."""
+        top = self.env()["UDOCKER_DIR"]
+        os.makedirs(top, mode=0o700, exist_ok=True)
+        with open(os.path.join(top, f".hpcdl-{name}.lock"), "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    # -- image catalogue --------------------------------------------------------------------------------------------
+    def images(self) -> list[str]:
+        """The images in the user's repository, as repository:tag."""
+        out = self._run(udocker_base(self.install) + ["images"])
+        words = [line.split() for line in out.splitlines()]
+        return [w[0] for w in words if w and w[0] != "REPOSITORY"]
+
+    def has_image(self, image: str) -> bool:
+        return check_image_ref(image) in self.images()
+
+    def _require_image(self, image: str) -> None:
+        if not self.has_image(image):
+            have = ", ".join(self.images()) or "none"
+            raise UnknownImage(f"image {image!r} is not in your udocker repository (you have: {have}); "
+                               "pull it from the site's registry or load it from a tarball first")
+
+    def pull(self, image: str, registry: str | None = None) -> str:
+        self._run(build_pull_command(image, self.install, registry))
+        return image
+
+    def load(self, tarball: str, image: str) -> str:
+        """Load an OCI-layout or Docker-archive tarball as ``image``."""
+        self._existing_file(tarball)
+        self._run(udocker_base(self.install) + ["load", f"--input={tarball}", check_image_ref(image)])
+        return image
+
+    def import_tarball(self, tarball: str, image: str) -> str:
+        """Import a root file system tarball as ``image``."""
+        self._existing_file(tarball)
+        self._run(udocker_base(self.install) + ["import", tarball, check_image_ref(image)])
+        return image
+
+    @staticmethod
+    def _existing_file(path: str) -> None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"image tarball {path} does not exist or is not a file")
+
+    def verify(self, image: str) -> None:
+        self._require_image(image)
+        self._run(udocker_base(self.install) + ["verify", image])
+
+    def image_id(self, image: str) -> str:
+        """A digest of the image's configuration (its layers' content ids): changes whenever the content does."""
+        self._require_image(image)
+        out = self._run(udocker_base(self.install) + ["inspect", image])
+        return hashlib.sha256(out.encode()).hexdigest()
+
+    def remove_image(self, image: str) -> None:
+        self._require_image(image)
+        self._run(udocker_base(self.install) + ["rmi", image])
+
+    # -- containers -------------------------------------------------------------------------------------------------
+    def containers(self) -> list[str]:
+        """Names of the user's containers."""
+        out = self._run(udocker_base(self.install) + ["ps"])
+        names = []
+        for line in out.splitlines()[1:]:
+            if "['" in line:
+                names += [n.strip(" '") for n in line.split("[", 1)[1].split("]", 1)[0].split(",") if n.strip(" '")]
+        return names
+
+    def ensure_container(self, image: str, mode: str | None = None, nvidia: bool | None = None) -> str:
+        """The user's container for ``image``'s current content, created on first use (creation copies the whole
+        image, so it is never done per command). GPU libraries are set up where the node has NVIDIA's driver."""
+        mode = check_mode(mode or self.install.default_mode, self.policy)
+        name = container_name_for(image, self.image_id(image))
+        nvidia = host_has_nvidia() if nvidia is None else nvidia
+        with self._lock(name):
+            if name not in self.containers():
+                try:
+                    self._run(build_create_command(image, name, self.install))
+                    self._run(build_setup_command(name, self.install, mode=mode, nvidia=nvidia))
+                except UdockerFailed:
+                    self._remove_quietly(name)
+                    raise
+        return name
+
+    def _remove_quietly(self, name: str) -> None:
+        try:
+            self._run(udocker_base(self.install) + ["rm", "-f", name])
+        except UdockerFailed:
+            pass
+
+    def remove_container(self, name: str) -> None:
+        if name not in self.containers():
+            raise UnknownImage(f"container {name!r} does not exist in your udocker repository")
+        self._run(udocker_base(self.install) + ["rm", "-f", name])
+
+    def start(self, spec: RunSpec, **popen_kwargs) -> ContainerProcess:
+        """Validate ``spec`` and start it; the values of ``spec.env_names`` go through a private env-file."""
+        spec = check_run_spec(spec, self.policy)
+        if spec.user is None:  # as the calling user, not udocker's default (a fake root)
+            spec = replace(spec, user=getpass.getuser())
+        if spec.container not in self.containers():
+            raise UnknownImage(f"container {spec.container!r} does not exist: create it with ensure_container(image)")
+        private_dir = env_file = None
+        if spec.env_names:
+            private_dir, env_file = private_env_file(env_file_text(spec.env_names, self.environ))
+        argv = build_run_command(spec, self.install, env_file)
+        return ContainerProcess(argv, self.env(), private_dir=private_dir, **popen_kwargs)
+
+    def run(self, spec: RunSpec, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """Run ``spec`` to completion and return its exit status and output; stops the whole tree on timeout."""
+        proc = self.start(spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.stop()
+            raise
+        return subprocess.CompletedProcess(proc.argv, proc.popen.returncode, out, err)

@@ -1,0 +1,306 @@
+"""The jupyter-hpcdl test bed: a small HPC cluster on this one machine, brought up idempotently and torn down by
+the pids it recorded.  ``python testbed/bed.py up|down|status``  (as root, after testbed/install.sh).
+
+- munge and Slurm (a controller and slurmd ``node1``, ``node2``, each with 4 fake GPUs as generic resources)
+- users alice and bob, who submit their own jobs
+- udocker's tools built from the distribution's packages into a shared directory, and the site's settings
+- a Docker registry on loopback serving the image built here; alice's udocker pulls it and creates her container
+- JupyterHub with configurable-http-proxy on 127.0.0.1
+"""
+from __future__ import annotations
+
+import argparse
+import grp
+import json
+import os
+import pwd
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import config  # noqa: E402
+import image  # noqa: E402
+from daemons import Daemon, wait_for  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+PREFIX = Path(os.environ.get("HPCDL_PREFIX", "/opt/jupyter-hpcdl"))
+CACHE = Path(os.environ.get("HPCDL_CACHE", "/var/cache/jupyter-hpcdl"))
+STATE = Path(os.environ.get("HPCDL_TESTBED_STATE", "/var/lib/jupyter-hpcdl-testbed"))
+VENV = PREFIX / "venv"
+USERS = ("alice", "bob")
+IMAGE_USERS = ("alice",)  # users whose udocker gets the image at start-up (bob's stays empty)
+SLURM_ETC = Path("/etc/slurm")
+SITE_JSON = Path("/etc/jupyter-hpcdl/site.json")
+MUNGE_SOCKET = "/run/munge/munge.socket.2"
+
+
+def log(msg: str) -> None:
+    print(f"[testbed] {msg}", file=sys.stderr, flush=True)
+
+
+def sh(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), check=check, text=True, capture_output=True, **kw)
+
+
+def write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    tmp.replace(path)
+    return True
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def as_user(user: str, *argv: str, **kw) -> subprocess.CompletedProcess:
+    """Run a command as ``user`` with a login-like environment (what sudo would give a job)."""
+    home = pwd.getpwnam(user).pw_dir
+    env = {"HOME": home, "USER": user, "LOGNAME": user, "PATH": f"{VENV}/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    return subprocess.run(["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv],
+                          text=True, capture_output=True, cwd=home, **kw)
+
+
+# -- components ---------------------------------------------------------------------------------------------------
+def ensure_users() -> None:
+    for user in USERS:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            log(f"user {user}")
+            sh("useradd", "--create-home", "--shell", "/bin/bash", user)
+        os.chmod(pwd.getpwnam(user).pw_dir, 0o700)
+
+
+def munge() -> Daemon:
+    d = STATE / "munge"
+    return Daemon("munged", ["/usr/sbin/munged", f"--socket={MUNGE_SOCKET}", f"--key-file={d}/munge.key",
+                             f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"],
+                  pidfile=d / "munged.pid", log=STATE / "log/munged.out", forks=True, user="munge",
+                  ready=lambda: sh("munge", "-n", check=False).returncode == 0)
+
+
+def prepare_munge() -> None:
+    d = STATE / "munge"
+    munge_user = pwd.getpwnam("munge")
+    for path in (d, Path("/run/munge")):
+        path.mkdir(parents=True, exist_ok=True)
+        os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
+        path.chmod(0o755 if path.name == "munge" and path.parent == Path("/run") else 0o700)
+    key = d / "munge.key"
+    if not key.exists():
+        key.write_bytes(secrets.token_bytes(1024))
+    os.chown(key, munge_user.pw_uid, munge_user.pw_gid)
+    key.chmod(0o400)
+
+
+def slurm_daemons() -> list[Daemon]:
+    ctld = Daemon("slurmctld", ["/usr/sbin/slurmctld", "-i"], pidfile=STATE / "run/slurmctld.pid",
+                  log=STATE / "log/slurmctld.out", forks=True,
+                  ready=lambda: sh("scontrol", "ping", check=False).stdout.count("UP") > 0)
+    nodes = [Daemon(f"slurmd-{n}", ["/usr/sbin/slurmd", "-N", n], pidfile=STATE / f"run/slurmd-{n}.pid",
+                    log=STATE / f"log/slurmd-{n}.out", forks=True) for n in config.NODES]
+    return [ctld, *nodes]
+
+
+def node_states() -> dict[str, str]:
+    out = sh("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def prepare_slurm() -> bool:
+    """Write Slurm's configuration; return whether it changed (running daemons then restart)."""
+    for sub in ("slurm/ctld", "run", "log", "gpu"):
+        (STATE / sub).mkdir(parents=True, exist_ok=True)
+    for n in config.NODES:
+        (STATE / f"slurm/d-{n}").mkdir(parents=True, exist_ok=True)
+    for i in range(config.GPUS_PER_NODE):
+        dev = STATE / f"gpu/nvidia{i}"
+        if not dev.is_symlink():
+            dev.symlink_to("/dev/null")
+    changed = write_if_changed(SLURM_ETC / "slurm.conf", config.slurm_conf(STATE))
+    changed |= write_if_changed(SLURM_ETC / "gres.conf", config.gres_conf(STATE))
+    return changed
+
+
+def wait_nodes_idle(timeout: float = 60) -> None:
+    def idle() -> bool:
+        states = node_states()
+        for n, s in states.items():
+            if s.rstrip("*~#") in ("down", "drained", "draining", "inval"):
+                sh("scontrol", "update", f"nodename={n}", "state=resume", check=False)
+        return set(states) == set(config.NODES) and all(s.rstrip("*~#") in ("idle", "mixed", "allocated")
+                                                       for s in states.values())
+    wait_for(idle, timeout, "slurm nodes")
+
+
+def registry() -> Daemon:
+    conf = STATE / "registry/config.yml"
+    return Daemon("registry", ["/usr/bin/docker-registry", "serve", str(conf)], pidfile=STATE / "run/registry.pid",
+                  log=STATE / "log/registry.log", ready=lambda: http_ok(f"http://{config.REGISTRY}/v2/"))
+
+
+def hub() -> Daemon:
+    return Daemon("jupyterhub", [str(VENV / "bin/jupyterhub"), "-f", str(STATE / "hub/jupyterhub_config.py")],
+                  pidfile=STATE / "run/jupyterhub.pid", log=STATE / "log/jupyterhub.log", cwd=str(STATE / "hub"),
+                  env={"PATH": f"{VENV}/bin:{PREFIX}/node/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+                  ready=lambda: http_ok(f"http://127.0.0.1:{config.HUB_PORT}/hub/api/"), ready_timeout=90)
+
+
+def prepare_hub() -> None:
+    d = STATE / "hub"
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o700)
+    for name in ("service_token", "password"):
+        if not (d / name).exists():
+            write_if_changed(d / name, secrets.token_hex(16) + "\n", 0o600)
+    password = (d / "password").read_text().strip()
+    write_if_changed(d / "jupyterhub_config.py", config.hub_config(STATE, PREFIX, list(USERS), password), 0o600)
+
+
+def udocker_tools() -> None:
+    """Build the tools tarball from the distribution's packages and install it shared, when its sources change."""
+    tools = PREFIX / "udocker-tools"
+    src = REPO / "jupyter_hpcdl/containers/proot_wrapper.c"
+    key = image._sha(src.read_bytes(), *(Path(p).read_bytes()[:4096] for p in ("/usr/bin/proot", "/usr/bin/runc")))[:16]
+    stamp = tools / ".hpcdl-stamp"
+    if stamp.exists() and stamp.read_text().strip() == key:
+        return
+    log("udocker tools from the distribution's packages")
+    tarball = CACHE / f"udocker-tools-{key}.tar.gz"
+    sh(str(VENV / "bin/hpcdl-udocker-tools"), "build", str(tarball))
+    sh(str(VENV / "bin/hpcdl-udocker-tools"), "install", str(tarball), str(tools))
+    stamp.write_text(key + "\n")
+
+
+def user_image(user: str, identity: dict) -> None:
+    """Pull the image into the user's udocker (the real pull path) and create their container, once per build."""
+    stamp = STATE / f"users/{user}.image.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == identity:
+        return
+    log(f"{user}: pull {image.IMAGE}:latest and create the container")
+    cli = str(VENV / "bin/hpcdl-containers")
+    for argv in ((cli, "pull", f"{image.IMAGE}:latest"), (cli, "ensure", f"{image.IMAGE}:latest")):
+        r = as_user(user, *argv)
+        if r.returncode:
+            raise RuntimeError(f"{user}: {' '.join(argv[1:])} failed: {r.stderr.strip()}")
+    container = r.stdout.strip()
+    # Containers of earlier builds of the same image only take space: remove them.
+    prefix = container.rsplit("-", 1)[0] + "-"
+    listing = as_user(user, str(VENV / "bin/udocker"), "-q", "ps").stdout
+    for line in listing.splitlines():
+        for name in (n.strip(" '") for n in line.partition("[")[2].partition("]")[0].split(",")):
+            if name.startswith(prefix) and name != container:
+                as_user(user, cli, "rm", name)
+    write_if_changed(stamp, json.dumps({**identity, "container": container}) + "\n")
+    stamp.write_text(json.dumps(identity) + "\n")
+
+
+# -- commands -----------------------------------------------------------------------------------------------------
+def daemons() -> list[Daemon]:
+    return [munge(), *slurm_daemons(), registry(), hub()]
+
+
+def up() -> dict:
+    if os.geteuid() != 0:
+        sys.exit("the test bed is set up as root (it starts daemons and creates users)")
+    t0 = time.monotonic()
+    for sub in ("run", "log", "users"):
+        (STATE / sub).mkdir(parents=True, exist_ok=True)
+    ensure_users()
+    prepare_munge()
+    munge().start()
+    if prepare_slurm():
+        for d in reversed(slurm_daemons()):
+            if d.stop():
+                log(f"{d.name} restarted: configuration changed")
+    for d in slurm_daemons():
+        if d.start():
+            log(f"{d.name} started (pid {d.pid()})")
+    wait_nodes_idle()
+    udocker_tools()
+    write_if_changed(SITE_JSON, config.site_json(PREFIX))
+    write_if_changed(STATE / "registry/config.yml", config.registry_conf(STATE))
+    if registry().start():
+        log("registry started")
+    identity = image.build(CACHE / "image", VENV, REPO, config.REGISTRY, STATE / "image.json")
+    for user in IMAGE_USERS:
+        user_image(user, identity)
+    prepare_hub()
+    if hub().start():
+        log("jupyterhub started")
+    info = describe(identity)
+    write_if_changed(STATE / "bed.json", json.dumps(info, indent=2) + "\n", 0o600)
+    log(f"up in {time.monotonic() - t0:.0f} s")
+    return info
+
+
+def describe(identity: dict | None = None) -> dict:
+    return {
+        "state": str(STATE), "prefix": str(PREFIX), "venv": str(VENV), "cache": str(CACHE),
+        "users": list(USERS), "image_users": list(IMAGE_USERS), "nodes": list(config.NODES),
+        "gpus_per_node": config.GPUS_PER_NODE, "partition": config.PARTITION,
+        "image": f"{image.IMAGE}:latest", "os_image": f"{image.OS_IMAGE}:latest",
+        "identity": identity or json.loads((STATE / "image.json").read_text()),
+        "os_archive": str(CACHE / "image/os-oci.tar"),
+        "registry": f"http://{config.REGISTRY}", "site_config": str(SITE_JSON),
+        "hub_url": f"http://127.0.0.1:{config.HUB_PORT}", "hub_dir": str(STATE / "hub"),
+    }
+
+
+def cancel_jobs(timeout: float = 60) -> None:
+    if not (STATE / "run/slurmctld.pid").exists():
+        return
+    if sh("scontrol", "ping", check=False).stdout.count("UP") == 0:
+        return
+    sh("scancel", "--full", f"--partition={config.PARTITION}", check=False)
+    wait_for(lambda: not sh("squeue", "-h", "-o", "%i", check=False).stdout.strip(), timeout, "jobs to end")
+
+
+def down() -> None:
+    cancel_jobs()
+    for d in reversed(daemons()):
+        if d.stop():
+            log(f"{d.name} stopped")
+
+
+def status() -> int:
+    bad = 0
+    for d in daemons():
+        pid = d.pid()
+        print(f"{d.name:16} {'running pid ' + str(pid) if pid else 'stopped'}")
+        bad += pid is None
+    if (STATE / "run/slurmctld.pid").exists():
+        print("nodes:", node_states())
+    return 1 if bad else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("command", choices=("up", "down", "status", "describe"))
+    cmd = p.parse_args().command
+    if cmd == "up":
+        print(json.dumps(up(), indent=2))
+    elif cmd == "down":
+        down()
+    elif cmd == "describe":
+        print(json.dumps(describe(), indent=2))
+    else:
+        return status()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

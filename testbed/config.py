@@ -1,0 +1,97 @@
+"""Pure renderers of the test bed's configuration files (Slurm, gres, registry, hub, site)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+NODES = {"node1": 16821, "node2": 16822}
+GPUS_PER_NODE = 4
+CTLD_PORT = 16817
+REGISTRY = "127.0.0.1:5000"
+HUB_PORT = 8000
+PARTITION = "gpu"
+
+
+def slurm_conf(state: Path, cpus: int = 2, memory_mb: int = 4000) -> str:
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={cpus} RealMemory={memory_mb} "
+        f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN" for n, p in NODES.items()
+    )
+    return f"""# jupyter-hpcdl test bed: one controller, {len(NODES)} slurmd on this machine playing GPU nodes.
+ClusterName=hpcdl
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={CTLD_PORT}
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={state}/slurm/ctld
+SlurmdSpoolDir={state}/slurm/d-%n
+SlurmctldPidFile={state}/run/slurmctld.pid
+SlurmdPidFile={state}/run/slurmd-%n.pid
+SlurmctldLogFile={state}/log/slurmctld.log
+SlurmdLogFile={state}/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+ReturnToService=2
+MailProg=/bin/true
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={state}/log/jobcomp.log
+JobAcctGatherType=jobacct_gather/none
+SchedulerType=sched/backfill
+MpiDefault=none
+KillWait=5
+MinJobAge=60
+SlurmctldTimeout=30
+SlurmdTimeout=60
+InactiveLimit=0
+{nodes}
+PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=1-00:00:00 DefaultTime=01:00:00 State=UP
+"""
+
+
+def gres_conf(state: Path) -> str:
+    # Slurm needs device files for GPUs: symlinks to /dev/null stand in for /dev/nvidia0..3.
+    return f"NodeName={','.join(NODES)} Name=gpu File={state}/gpu/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+
+
+def registry_conf(state: Path) -> str:
+    return f"""version: 0.1
+log: {{level: warn}}
+storage:
+  filesystem: {{rootdirectory: {state}/registry/data}}
+  delete: {{enabled: true}}
+http:
+  addr: {REGISTRY}
+"""
+
+
+def site_json(prefix: Path) -> str:
+    return json.dumps({"ContainerSite": {
+        "udocker": str(prefix / "venv/bin/udocker"),
+        "tools_dir": str(prefix / "udocker-tools"),
+        "registry": f"http://{REGISTRY}",
+        "allowed_mounts": ["~", "/tmp", str(prefix)],
+    }}, indent=2) + "\n"
+
+
+def hub_config(state: Path, prefix: Path, users: list[str], password: str) -> str:
+    return f"""# jupyter-hpcdl test bed hub: on loopback only, with configurable-http-proxy.
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {HUB_PORT}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.db_url = "sqlite:///{state}/hub/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{state}/hub/cookie_secret"
+c.ConfigurableHTTPProxy.command = ["{prefix}/node/bin/configurable-http-proxy"]
+c.ConfigurableHTTPProxy.pid_file = "{state}/run/proxy.pid"
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = {password!r}
+c.Authenticator.allowed_users = set({users!r})
+# A service whose token drives the REST API in tests (the token is in a root-only file).
+c.JupyterHub.services = [{{"name": "testbed", "api_token": open("{state}/hub/service_token").read().strip()}}]
+c.JupyterHub.load_roles = [{{"name": "testbed", "services": ["testbed"],
+                            "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"]}}]
+"""

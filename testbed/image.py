@@ -1,0 +1,122 @@
+"""The test bed's container image, built here without Docker Hub: a Debian root file system (mmdebstrap), the shared
+Python environment (TensorFlow, Horovod, ipykernel, ipyparallel) and jupyter-hpcdl, as three OCI layers (umoci),
+pushed to the registry on loopback (skopeo). Each layer is rebuilt only when what it is made of changes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+IMAGE = "hpcdl/base"
+OS_IMAGE = "hpcdl/os"
+SUITE = "bookworm"
+OS_PACKAGES = ("python3", "libopenmpi3", "openmpi-bin", "procps", "ca-certificates")
+IDENTITY_FILE = "etc/hpcdl-image.json"
+
+
+def _sha(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def source_digest(repo: Path) -> str:
+    """Digest of the project's installable sources (what the app layer is made of)."""
+    files = sorted(p for p in (repo / "jupyter_hpcdl").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return _sha(*(str(p.relative_to(repo)) + "\0" + p.read_bytes().hex() for p in [repo / "pyproject.toml", *files]))
+
+
+def _run(argv: list[str], **kw) -> None:
+    subprocess.run(argv, check=True, **kw)
+
+
+def os_layer(cache: Path) -> tuple[Path, str]:
+    key = _sha(SUITE, *OS_PACKAGES)[:16]
+    out = cache / f"os-{key}.tar"
+    if not out.exists():
+        partial = out.with_suffix(".partial.tar")
+        _run(["mmdebstrap", "--quiet", "--mode=root", "--variant=minbase", f"--include={','.join(OS_PACKAGES)}",
+              SUITE, str(partial)])
+        partial.rename(out)
+    return out, key
+
+
+def venv_layer(cache: Path, venv: Path) -> tuple[Path, str]:
+    """The shared environment, at the same path as on the host, without jupyter-hpcdl itself (its own layer)."""
+    key = (venv / ".hpcdl-stamp").read_text().strip()
+    out = cache / f"venv-{key}.tar"
+    if not out.exists():
+        partial = out.with_suffix(".partial.tar")
+        site = next((venv / "lib").glob("python3*/site-packages")).relative_to("/")
+        _run(["tar", "-C", "/", f"--exclude={site}/jupyter_hpcdl",
+              f"--exclude={site}/jupyter_hpcdl-*", "--exclude=" + str((venv / "bin").relative_to("/")) + "/hpcdl-*",
+              "-cf", str(partial), str(venv.relative_to("/"))])
+        partial.rename(out)
+    return out, key
+
+
+def app_layer(work: Path, venv: Path, repo: Path, identity: dict) -> Path:
+    """jupyter-hpcdl installed into the environment's path, and the image's identity file."""
+    stage = work / "app"
+    shutil.rmtree(stage, ignore_errors=True)
+    _run([str(venv / "bin/python"), "-m", "pip", "--disable-pip-version-check", "-q", "install", "--no-deps",
+          "--no-build-isolation", "--no-compile", "--ignore-installed", "--no-warn-script-location",
+          "--root", str(stage), str(repo)], cwd=str(work))
+    (stage / IDENTITY_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (stage / IDENTITY_FILE).write_text(json.dumps(identity) + "\n")
+    out = work / "app.tar"
+    with tarfile.open(out, "w") as tar:
+        for top in sorted(os.listdir(stage)):
+            tar.add(stage / top, arcname=top)
+    return out
+
+
+def build(cache: Path, venv: Path, repo: Path, registry: str, state_file: Path) -> dict:
+    """Build (where needed) and push ``hpcdl/base:latest`` and ``hpcdl/os:latest``; return the image's identity."""
+    cache.mkdir(parents=True, exist_ok=True)
+    os_tar, os_key = os_layer(cache)
+    venv_tar, venv_key = venv_layer(cache, venv)
+    build_id = _sha(os_key, venv_key, source_digest(repo))[:16]
+    identity = {"image": IMAGE, "build": build_id, "os": os_key, "venv": venv_key}
+    try:
+        if json.loads(state_file.read_text()) == identity:
+            return identity
+    except (FileNotFoundError, ValueError):
+        pass
+    layout = cache / "oci"
+    if not layout.exists():
+        _run(["umoci", "init", "--layout", str(layout)])
+    tags = subprocess.run(["umoci", "ls", "--layout", str(layout)], check=True, capture_output=True, text=True).stdout.split()
+    os_tag, stack_tag, final_tag = f"os-{os_key}", f"stack-{os_key}-{venv_key}", f"base-{build_id}"
+    env = ["--config.env=PATH=/opt/jupyter-hpcdl/venv/bin:/usr/local/bin:/usr/bin:/bin", "--config.env=LANG=C.UTF-8"]
+    if os_tag not in tags:
+        _run(["umoci", "new", "--image", f"{layout}:{os_tag}"])
+        _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{os_tag}", str(os_tar)])
+        _run(["umoci", "config", "--image", f"{layout}:{os_tag}", *env, "--config.cmd=/bin/bash"])
+    if stack_tag not in tags:
+        _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{os_tag}", "--tag", stack_tag, str(venv_tar)])
+    with tempfile.TemporaryDirectory(dir=cache) as work:
+        app_tar = app_layer(Path(work), venv, repo, identity)
+        _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{stack_tag}", "--tag", final_tag, str(app_tar)])
+    _run(["umoci", "config", "--image", f"{layout}:{final_tag}", "--config.label=org.jupyter-hpcdl.build=" + build_id,
+          "--config.cmd=/opt/jupyter-hpcdl/venv/bin/python3"])
+    for tag in tags:  # earlier builds' tags, then their unreferenced blobs
+        if tag.startswith("base-") and tag != final_tag:
+            _run(["umoci", "rm", "--image", f"{layout}:{tag}"])
+    _run(["umoci", "gc", "--layout", str(layout)])
+    for tag, name in ((final_tag, IMAGE), (os_tag, OS_IMAGE)):
+        _run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:{tag}",
+              f"docker://{registry}/{name}:latest"])
+    # A plain OCI archive of the small OS image, for tests of `udocker load`.
+    archive = cache / "os-oci.tar"
+    _run(["skopeo", "copy", "--quiet", f"oci:{layout}:{os_tag}", f"oci-archive:{archive}.partial:{OS_IMAGE}:latest"])
+    os.replace(f"{archive}.partial", archive)
+    state_file.write_text(json.dumps(identity) + "\n")
+    return identity
