@@ -32,6 +32,9 @@ class ContainerSite(Configurable):
     allowed_mounts = List(
         Unicode(), ["~", "/tmp"], help="Host directories under which users may bind-mount paths ('~' is their home)."
     ).tag(config=True)
+    system_mounts = List(
+        Unicode(), ["/etc/hosts"], help="Host files bound into every container at the same path (site-controlled)."
+    ).tag(config=True)
     registry = Unicode(None, allow_none=True, help="The site's image registry URL, e.g. http://127.0.0.1:5000").tag(config=True)
     allow_root = Bool(False, help="Pass --allow-root to udocker (test beds that run as root).").tag(config=True)
 
@@ -47,7 +50,8 @@ class ContainerSite(Configurable):
                               allow_root=self.allow_root or os.geteuid() == 0, default_mode=self.execution_mode)
 
     def policy(self) -> SitePolicy:
-        return SitePolicy(allowed_mount_roots=tuple(self.allowed_mounts), allowed_modes=tuple(self.allowed_modes))
+        return SitePolicy(allowed_mount_roots=tuple(self.allowed_mounts), allowed_modes=tuple(self.allowed_modes),
+                          system_mounts=tuple(self.system_mounts))
 
     def client(self, environ=None) -> Udocker:
         return Udocker(self.install(), self.policy(), environ)

@@ -76,6 +76,7 @@ class RunSpec:
     workdir: str | None = None
     user: str | None = None
     hostauth: bool = True
+    bind_home: bool = True
     cpuset: str | None = None
 
 
@@ -85,6 +86,8 @@ class SitePolicy:
 
     allowed_mount_roots: Sequence[str] = ("~", "/tmp")
     allowed_modes: Sequence[str] = DEFAULT_MODES
+    #: Host files every container gets, set by the site (not users): /etc/hosts so that node names resolve inside.
+    system_mounts: Sequence[str] = ("/etc/hosts",)
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
 
     def roots(self) -> list[str]:
@@ -157,6 +160,7 @@ def check_run_spec(spec: RunSpec, policy: SitePolicy) -> RunSpec:
         workdir=None if spec.workdir is None else _check_path(spec.workdir, "workdir"),
         user=spec.user,
         hostauth=spec.hostauth,
+        bind_home=spec.bind_home,
         cpuset=spec.cpuset,
     )
 
@@ -180,18 +184,24 @@ def udocker_base(install: UdockerInstall) -> list[str]:
     return [install.executable, "-q"] + (["--allow-root"] if install.allow_root else [])
 
 
-def build_run_command(spec: RunSpec, install: UdockerInstall, env_file: str | None = None) -> list[str]:
+def build_run_command(spec: RunSpec, install: UdockerInstall, env_file: str | None = None,
+                      system_mounts: Sequence[str] = ()) -> list[str]:
     """The ``udocker run`` argv for a validated ``spec``. ``env_file`` is where the caller wrote the values of
-    ``spec.env_names`` (see :func:`env_file_text`); no value is ever placed on the command line."""
+    ``spec.env_names`` (see :func:`env_file_text`); no value is ever placed on the command line.
+    ``system_mounts`` are the site's own binds (same path inside), outside the users' allowlist."""
     argv = udocker_base(install) + ["run", "--nobanner"]
     if spec.hostauth:
         argv.append("--hostauth")
+    if spec.bind_home:
+        argv.append("--bindhome")
     if spec.user:
         argv.append(f"--user={spec.user}")
     if spec.workdir:
         argv.append(f"--workdir={spec.workdir}")
     if spec.cpuset:
         argv.append(f"--cpuset-cpus={spec.cpuset}")
+    for path in system_mounts:
+        argv.append(f"--volume={_check_path(path, 'system mount')}:{path}")
     for m in spec.mounts:
         argv.append(f"--volume={m.host_path}:{m.target}")
     if spec.env_names:

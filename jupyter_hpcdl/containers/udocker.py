@@ -190,7 +190,8 @@ class Udocker:
         private_dir = env_file = None
         if spec.env_names:
             private_dir, env_file = private_env_file(env_file_text(spec.env_names, self.environ))
-        argv = build_run_command(spec, self.install, env_file)
+        system_mounts = [p for p in self.policy.system_mounts if os.path.exists(p)]
+        argv = build_run_command(spec, self.install, env_file, system_mounts)
         return ContainerProcess(argv, self.env(), private_dir=private_dir, **popen_kwargs)
 
     def run(self, spec: RunSpec, timeout: float | None = None) -> subprocess.CompletedProcess:
