@@ -17,10 +17,12 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("pull", help="pull an image from the site's registry")
     s.add_argument("image")
     s.add_argument("--registry", help="registry URL (default: the site's)")
-    for name, what in (("load", "an OCI or Docker archive"), ("import", "a root file system tarball")):
-        s = sub.add_parser(name, help=f"add {what} to your images")
-        s.add_argument("tarball")
-        s.add_argument("image")
+    s = sub.add_parser("load", help="add an OCI or Docker archive to your images (tags from the archive)")
+    s.add_argument("tarball")
+    s.add_argument("repository")
+    s = sub.add_parser("import", help="add a root file system tarball to your images")
+    s.add_argument("tarball")
+    s.add_argument("image")
     for name, what in (("verify", "check an image's layers"), ("rmi", "remove an image"),
                        ("ensure", "create your container for an image once; print its name")):
         sub.add_parser(name, help=what).add_argument("image")
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "pull":
             ud.pull(args.image, args.registry or site.registry)
         elif args.cmd == "load":
-            ud.load(args.tarball, args.image)
+            print("\n".join(ud.load(args.tarball, args.repository)))
         elif args.cmd == "import":
             ud.import_tarball(args.tarball, args.image)
         elif args.cmd == "verify":

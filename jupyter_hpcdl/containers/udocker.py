@@ -13,7 +13,7 @@ import subprocess
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
-from .errors import ToolsMissing, UdockerFailed, UnknownImage
+from .errors import InvalidSpec, ToolsMissing, UdockerFailed, UnknownImage
 from .runner import ContainerProcess, private_env_file
 from .spec import (
     RunSpec,
@@ -112,11 +112,16 @@ class Udocker:
         self._run(build_pull_command(image, self.install, registry))
         return image
 
-    def load(self, tarball: str, image: str) -> str:
-        """Load an OCI-layout or Docker-archive tarball as ``image``."""
+    def load(self, tarball: str, repository: str) -> list[str]:
+        """Load an OCI-layout or Docker-archive tarball into ``repository`` (the tags come from the archive);
+        return the images it added."""
+        if ":" in check_image_ref(repository):
+            raise InvalidSpec(f"load takes a repository without a tag ({repository.split(':')[0]!r}): "
+                              "the tags come from the archive")
         self._existing_file(tarball)
-        self._run(udocker_base(self.install) + ["load", f"--input={tarball}", check_image_ref(image)])
-        return image
+        before = set(self.images())
+        self._run(udocker_base(self.install) + ["load", f"--input={tarball}", repository])
+        return sorted(set(self.images()) - before)
 
     def import_tarball(self, tarball: str, image: str) -> str:
         """Import a root file system tarball as ``image``."""

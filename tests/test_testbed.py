@@ -1,0 +1,97 @@
+"""The test bed as a user sees it: Slurm jobs across two GPU nodes whose tasks run in udocker containers,
+Horovod between those containers, the registry, the hub, and users kept apart."""
+import json
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.testbed
+REPORT = ("import json, os; print(json.dumps({'node': os.environ.get('SLURMD_NODENAME'), "
+          "'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), 'uid': os.getuid(), "
+          "'image': json.load(open('/etc/hpcdl-image.json'))}), flush=True)")
+
+
+def _json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_nodes_offer_four_gpus_each(bed):
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G %T"], capture_output=True, text=True, check=True).stdout
+    rows = sorted(line.split() for line in out.splitlines())
+    assert [r[0] for r in rows] == bed["nodes"]
+    assert all(r[1].startswith(f"gpu:{bed['gpus_per_node']}") and r[2] in ("idle", "mixed") for r in rows)
+
+
+def test_batch_job_tasks_run_in_the_container_on_both_nodes(bed, alice, alice_dir):
+    script = alice.write(alice_dir / "job.sh", f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:2 --time=5 --output={alice_dir}/job.out
+srun hpcdl-containers run -e CUDA_VISIBLE_DEVICES -e SLURMD_NODENAME {bed['image']} -- python3 -c "{REPORT}"
+""")
+    alice.run("sbatch", "--wait", str(script), check=True)
+    reports = sorted(_json_lines((alice_dir / "job.out").read_text()), key=lambda r: r["node"])
+    assert [r["node"] for r in reports] == ["node1", "node2"]
+    for r in reports:
+        assert r["image"] == bed["identity"], "the task did not run inside the test bed's image"
+        assert r["uid"] == alice.uid
+        assert len(r["cuda"].split(",")) == 2, "Slurm's GPU binding did not reach the container"
+
+
+def test_horovod_allreduce_between_containers_on_two_nodes(bed, alice, alice_dir):
+    program = alice.write(alice_dir / "allreduce.py", """
+import json, os
+import horovod.tensorflow as hvd
+import tensorflow as tf
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)] * 3), op=hvd.Sum)
+image = json.load(open("/etc/hpcdl-image.json"))["build"]
+print(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "node": os.environ["SLURMD_NODENAME"],
+                  "sum": total.numpy().tolist(), "image": image}), flush=True)
+""")
+    r = alice.run("salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", "hpcdl-launch", f"--image={bed['image']}",
+                  "-e", "TF_CPP_MIN_LOG_LEVEL", "--", "python3", str(program), timeout=240)
+    ranks = sorted(_json_lines(r.stdout), key=lambda x: x["rank"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [(x["rank"], x["size"], x["node"]) for x in ranks] == [(0, 2, "node1"), (1, 2, "node2")]
+    assert all(x["sum"] == [3.0, 3.0, 3.0] and x["image"] == bed["identity"]["build"] for x in ranks)
+
+
+def test_launch_outside_an_allocation_says_what_to_do(alice):
+    r = alice.run("hpcdl-launch", "--image=hpcdl/base:latest", "--", "true")
+    assert r.returncode == 2 and "not inside a Slurm allocation" in r.stderr
+
+
+def test_pull_from_the_loopback_registry(bed, alice, alice_dir):
+    repo = alice_dir / "udocker"
+    site = alice.write(alice_dir / "site.json", json.dumps({"ContainerSite": {
+        **json.loads(Path(bed["site_config"]).read_text())["ContainerSite"], "udocker_dir": str(repo)}}))
+    alice.run("hpcdl-containers", f"--site={site}", "pull", bed["os_image"], check=True)
+    assert alice.run("hpcdl-containers", f"--site={site}", "images", check=True).stdout.split() == [bed["os_image"]]
+    alice.run("hpcdl-containers", f"--site={site}", "verify", bed["os_image"], check=True)
+    r = alice.run("hpcdl-containers", f"--site={site}", "run", bed["os_image"], "--", "sh", "-c",
+                  ". /etc/os-release; echo $VERSION_CODENAME; id -un", check=True)
+    assert r.stdout.split() == ["bookworm", "alice"]
+
+
+def test_bob_cannot_read_or_run_alices_containers(bed, alice, bob):
+    mine = alice.run("hpcdl-containers", "ensure", bed["image"], check=True).stdout.strip()
+    assert mine.startswith("hpcdl-")
+    r = bob.run("ls", f"{alice.home}/.udocker/containers")
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+    tools = Path(bed["prefix"]) / "udocker-tools"
+    r = bob.run(f"{bed['venv']}/bin/udocker", "-q", "run", "--nobanner", mine, "id",
+                UDOCKER_DIR=f"{alice.home}/.udocker", UDOCKER_BIN=f"{tools}/bin", UDOCKER_LIB=f"{tools}/lib",
+                UDOCKER_TARBALL="")
+    assert r.returncode != 0 and "uid=" not in r.stdout
+
+
+def test_hub_is_up_behind_the_proxy(bed):
+    with urllib.request.urlopen(bed["hub_url"] + "/hub/api/", timeout=10) as resp:
+        version = json.load(resp)["version"]
+    assert version.split(".")[0] in ("5", "6")
+    token = (Path(bed["hub_dir"]) / "service_token").read_text().strip()
+    req = urllib.request.Request(bed["hub_url"] + "/hub/api/users", headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        names = {u["name"] for u in json.load(resp)}
+    assert set(bed["users"]) <= names
