@@ -192,6 +192,8 @@ def user_image(user: str, identity: dict) -> None:
         return
     log(f"{user}: pull {image.IMAGE}:latest and create the container")
     cli = str(VENV / "bin/hpcdl-containers")
+    if f"{image.IMAGE}:latest" in as_user(user, cli, "images").stdout.split():
+        as_user(user, cli, "rmi", f"{image.IMAGE}:latest")  # drops the earlier build's layers (its container stays)
     for argv in ((cli, "pull", f"{image.IMAGE}:latest"), (cli, "ensure", f"{image.IMAGE}:latest")):
         r = as_user(user, *argv)
         if r.returncode:
@@ -204,7 +206,6 @@ def user_image(user: str, identity: dict) -> None:
         for name in (n.strip(" '") for n in line.partition("[")[2].partition("]")[0].split(",")):
             if name.startswith(prefix) and name != container:
                 as_user(user, cli, "rm", name)
-    write_if_changed(stamp, json.dumps({**identity, "container": container}) + "\n")
     stamp.write_text(json.dumps(identity) + "\n")
 
 

@@ -50,9 +50,13 @@ def os_layer(cache: Path) -> tuple[Path, str]:
 
 def venv_layer(cache: Path, venv: Path) -> tuple[Path, str]:
     """The shared environment, at the same path as on the host, without jupyter-hpcdl itself (its own layer)."""
-    key = (venv / ".hpcdl-stamp").read_text().strip()
+    freeze = subprocess.run([str(venv / "bin/python"), "-m", "pip", "--disable-pip-version-check", "freeze", "--all",
+                             "--exclude", "jupyter-hpcdl"], check=True, capture_output=True, text=True).stdout
+    key = _sha(str(venv), freeze)[:16]
     out = cache / f"venv-{key}.tar"
     if not out.exists():
+        for old in cache.glob("venv-*.tar"):  # one environment layer is cached at a time
+            old.unlink()
         partial = out.with_suffix(".partial.tar")
         site = next((venv / "lib").glob("python3*/site-packages")).relative_to("/")
         _run(["tar", "-C", "/", f"--exclude={site}/jupyter_hpcdl",

@@ -24,7 +24,7 @@ fi
 
 mkdir -p "$prefix" "$cache/wheels"
 # The environment is rebuilt only when what it is made of changes.
-stamp=$(cat "$repo/testbed/constraints.txt" "$repo/testbed/install.sh" | sha256sum | cut -c1-16)
+stamp=$(cat "$repo/testbed/constraints.txt" "$repo/testbed/install.sh" "$repo/pyproject.toml" | sha256sum | cut -c1-16)
 if [[ ! -x $venv/bin/python || $(cat "$venv/.hpcdl-stamp" 2>/dev/null) != "$stamp" ]]; then
   log "python environment at $venv"
   [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv"

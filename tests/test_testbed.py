@@ -8,9 +8,6 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.testbed
-REPORT = ("import json, os; print(json.dumps({'node': os.environ.get('SLURMD_NODENAME'), "
-          "'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), 'uid': os.getuid(), "
-          "'image': json.load(open('/etc/hpcdl-image.json'))}), flush=True)")
 
 
 def _json_lines(text):
@@ -27,7 +24,7 @@ def test_nodes_offer_four_gpus_each(bed):
 def test_batch_job_tasks_run_in_the_container_on_both_nodes(bed, alice, alice_dir):
     script = alice.write(alice_dir / "job.sh", f"""#!/bin/bash
 #SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:2 --time=5 --output={alice_dir}/job.out
-srun hpcdl-containers run -e CUDA_VISIBLE_DEVICES -e SLURMD_NODENAME {bed['image']} -- python3 -c "{REPORT}"
+srun hpcdl-containers run -e CUDA_VISIBLE_DEVICES -e SLURMD_NODENAME {bed['image']} -- python3 -m jupyter_hpcdl.diagnose
 """)
     alice.run("sbatch", "--wait", str(script), check=True)
     reports = sorted(_json_lines((alice_dir / "job.out").read_text()), key=lambda r: r["node"])
@@ -35,26 +32,16 @@ srun hpcdl-containers run -e CUDA_VISIBLE_DEVICES -e SLURMD_NODENAME {bed['image
     for r in reports:
         assert r["image"] == bed["identity"], "the task did not run inside the test bed's image"
         assert r["uid"] == alice.uid
-        assert len(r["cuda"].split(",")) == 2, "Slurm's GPU binding did not reach the container"
+        assert len(r["cuda_visible_devices"].split(",")) == 2, "Slurm's GPU binding did not reach the container"
 
 
-def test_horovod_allreduce_between_containers_on_two_nodes(bed, alice, alice_dir):
-    program = alice.write(alice_dir / "allreduce.py", """
-import json, os
-import horovod.tensorflow as hvd
-import tensorflow as tf
-hvd.init()
-total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)] * 3), op=hvd.Sum)
-image = json.load(open("/etc/hpcdl-image.json"))["build"]
-print(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "node": os.environ["SLURMD_NODENAME"],
-                  "sum": total.numpy().tolist(), "image": image}), flush=True)
-""")
+def test_horovod_allreduce_between_containers_on_two_nodes(bed, alice):
     r = alice.run("salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", "hpcdl-launch", f"--image={bed['image']}",
-                  "-e", "TF_CPP_MIN_LOG_LEVEL", "--", "python3", str(program), timeout=240)
+                  "-e", "TF_CPP_MIN_LOG_LEVEL", "--", "python3", "-m", "jupyter_hpcdl.diagnose", "--allreduce", timeout=240)
     ranks = sorted(_json_lines(r.stdout), key=lambda x: x["rank"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert [(x["rank"], x["size"], x["node"]) for x in ranks] == [(0, 2, "node1"), (1, 2, "node2")]
-    assert all(x["sum"] == [3.0, 3.0, 3.0] and x["image"] == bed["identity"]["build"] for x in ranks)
+    assert all(x["allreduce_sum"] == 3.0 and x["image"] == bed["identity"] for x in ranks)
 
 
 def test_launch_outside_an_allocation_says_what_to_do(alice):

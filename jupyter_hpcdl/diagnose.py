@@ -1,0 +1,52 @@
+"""``python -m jupyter_hpcdl.diagnose [--allreduce]``: what this process sees, as one JSON line — node, GPUs
+assigned, user, the image it runs in and, with ``--allreduce``, whether Horovod joins every rank (a sum over
+ranks of rank+1, which must equal size*(size+1)/2)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import socket
+import sys
+
+IMAGE_IDENTITY = "/etc/hpcdl-image.json"
+
+
+def report(allreduce: bool = False) -> dict:
+    try:
+        with open(IMAGE_IDENTITY) as f:
+            image = json.load(f)
+    except (OSError, ValueError):
+        image = None
+    info = {
+        "host": socket.gethostname(),
+        "node": os.environ.get("SLURMD_NODENAME"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "user": pwd.getpwuid(os.getuid()).pw_name,
+        "uid": os.getuid(),
+        "image": image,
+        "python": sys.version.split()[0],
+    }
+    if allreduce:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy().tolist()[0]
+        size = hvd.size()
+        info.update(rank=hvd.rank(), size=size, local_rank=hvd.local_rank(), allreduce_sum=total,
+                    allreduce_ok=total == size * (size + 1) / 2, gpus=len(tf.config.list_physical_devices("GPU")))
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jupyter_hpcdl.diagnose", description=__doc__.split("\n\n")[0])
+    p.add_argument("--allreduce", action="store_true", help="also join the Horovod world and sum across ranks")
+    info = report(p.parse_args(argv).allreduce)
+    print(json.dumps(info, sort_keys=True), flush=True)
+    return 0 if info.get("allreduce_ok", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
