@@ -4,6 +4,8 @@
    program on the host's Python environment: the median over alternating rounds of container/native images/s.
 2. Start-up cost of one containerized command: wall time of ``hpcdl-containers run IMAGE -- python3 -c pass`` and of
    plain ``udocker run`` against ``python3 -c pass`` natively, medians over alternating rounds.
+3. The cost of one system call (``getppid``) inside and outside: Debian's proot is built without its seccomp
+   accelerator, so every system call of a containerized process stops in the tracer; this explains (1).
 
 Run as a test-bed user whose udocker holds the image (the bed gives alice hpcdl/base:latest)::
 
@@ -26,6 +28,9 @@ from jupyter_hpcdl.containers.site import load_site
 from jupyter_hpcdl.containers.spec import RunSpec, build_run_command
 
 HERE = Path(__file__).resolve().parent
+SYSCALLS = 20000
+SYSCALL_PROBE = (f"import os, time; t = time.perf_counter()\nfor _ in range({SYSCALLS}): os.getppid()\n"
+                 "print(time.perf_counter() - t)")
 
 
 def timed(argv: list[str], env: dict | None = None) -> tuple[float, str]:
@@ -67,7 +72,11 @@ def main() -> int:
                 else:
                     start["hpcdl-containers"], _ = timed(in_container + ["python3", "-c", "pass"])
                     start["udocker"], _ = timed(plain_udocker, ud.env())
-            rows.append({"round": r, "order": order, "images_per_s": result, "start_s": start,
+            syscall = {}
+            for where in order:
+                argv = ([python, "-c", SYSCALL_PROBE] if where == "native" else in_container + ["python3", "-c", SYSCALL_PROBE])
+                syscall[where] = float(timed(argv)[1].split()[-1]) / SYSCALLS * 1e6
+            rows.append({"round": r, "order": order, "images_per_s": result, "start_s": start, "syscall_us": syscall,
                          "throughput_ratio": result["container"] / result["native"]})
             print(json.dumps(rows[-1]), flush=True)
         med = lambda xs: statistics.median(xs)  # noqa: E731
@@ -79,6 +88,8 @@ def main() -> int:
             "start_native_s": med([x["start_s"]["native"] for x in rows]),
             "start_udocker_s": med([x["start_s"]["udocker"] for x in rows]),
             "start_hpcdl_containers_s": med([x["start_s"]["hpcdl-containers"] for x in rows]),
+            "syscall_native_us": med([x["syscall_us"]["native"] for x in rows]),
+            "syscall_container_us": med([x["syscall_us"]["container"] for x in rows]),
         }
         print(json.dumps(summary, indent=2))
         if args.out:

@@ -140,8 +140,11 @@ class Udocker:
 
     def image_id(self, image: str) -> str:
         """A digest of the image's configuration (its layers' content ids): changes whenever the content does."""
-        self._require_image(image)
-        out = self._run(udocker_base(self.install) + ["inspect", image])
+        try:
+            out = self._run(udocker_base(self.install) + ["inspect", check_image_ref(image)])
+        except UdockerFailed:
+            self._require_image(image)  # the clearer message where the image is simply not there
+            raise
         return hashlib.sha256(out.encode()).hexdigest()
 
     def remove_image(self, image: str) -> None:
