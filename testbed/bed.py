@@ -159,7 +159,8 @@ def hub() -> Daemon:
                   ready=lambda: http_ok(f"http://127.0.0.1:{config.HUB_PORT}/hub/api/"), ready_timeout=90)
 
 
-def prepare_hub() -> None:
+def prepare_hub() -> bool:
+    """Write the hub's configuration; return whether it changed (a running hub then restarts)."""
     d = STATE / "hub"
     d.mkdir(parents=True, exist_ok=True)
     d.chmod(0o700)
@@ -167,7 +168,7 @@ def prepare_hub() -> None:
         if not (d / name).exists():
             write_if_changed(d / name, secrets.token_hex(16) + "\n", 0o600)
     password = (d / "password").read_text().strip()
-    write_if_changed(d / "jupyterhub_config.py", config.hub_config(STATE, PREFIX, list(USERS), password), 0o600)
+    return write_if_changed(d / "jupyterhub_config.py", config.hub_config(STATE, PREFIX, list(USERS), password), 0o600)
 
 
 def udocker_tools() -> None:
@@ -239,7 +240,8 @@ def up() -> dict:
     identity = image.build(CACHE / "image", VENV, REPO, config.REGISTRY, STATE / "image.json")
     for user in IMAGE_USERS:
         user_image(user, identity)
-    prepare_hub()
+    if prepare_hub() and hub().stop():
+        log("jupyterhub restarted: configuration changed")
     if hub().start():
         log("jupyterhub started")
     info = describe(identity)

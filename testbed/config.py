@@ -78,6 +78,7 @@ def site_json(prefix: Path) -> str:
 
 
 def hub_config(state: Path, prefix: Path, users: list[str], password: str) -> str:
+    nodes = {n: "127.0.0.1" for n in NODES}
     return f"""# jupyter-hpcdl test bed hub: on loopback only, with configurable-http-proxy.
 c = get_config()  # noqa
 c.JupyterHub.ip = "127.0.0.1"
@@ -90,6 +91,17 @@ c.ConfigurableHTTPProxy.pid_file = "{state}/run/proxy.pid"
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = {password!r}
 c.Authenticator.allowed_users = set({users!r})
+# The spawner: JupyterLab as a Slurm job on the GPU nodes, kernels in the user's udocker container.
+c.JupyterHub.spawner_class = "hpcdl"
+c.Spawner.default_url = "/lab"
+c.HpcdlSpawner.python = "{prefix}/venv/bin/python"
+c.HpcdlSpawner.listen_ip = "127.0.0.1"
+c.HpcdlSpawner.node_addresses = {nodes!r}
+c.HpcdlSpawner.queue_interval = 2.0
+c.SiteProfile.partitions = {{"{PARTITION}": {{"max_nodes": {len(NODES)}, "max_gpus_per_node": {GPUS_PER_NODE},
+                                         "max_walltime": "04:00:00", "description": "test-bed GPU nodes"}}}}
+c.SiteProfile.accounts = {{"*": ["hpcdl"], "alice": ["hpcdl", "alice-project"]}}
+c.SiteProfile.images = {{"base": {{"ref": "hpcdl/base:latest", "description": "TensorFlow 2.15, Horovod 0.28.1"}}}}
 # A service whose token drives the REST API in tests (the token is in a root-only file).
 c.JupyterHub.services = [{{"name": "testbed", "api_token": open("{state}/hub/service_token").read().strip()}}]
 c.JupyterHub.load_roles = [{{"name": "testbed", "services": ["testbed"],

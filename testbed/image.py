@@ -29,7 +29,8 @@ def _sha(*parts: bytes | str) -> str:
 
 def source_digest(repo: Path) -> str:
     """Digest of the project's installable sources (what the app layer is made of)."""
-    files = sorted(p for p in (repo / "jupyter_hpcdl").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    files = sorted(p for top in ("jupyter_hpcdl", "spawner") for p in (repo / top).rglob("*")
+                   if p.is_file() and "__pycache__" not in p.parts)
     return _sha(*(str(p.relative_to(repo)) + "\0" + p.read_bytes().hex() for p in [repo / "pyproject.toml", *files]))
 
 

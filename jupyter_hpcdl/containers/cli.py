@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from .errors import ContainerError
@@ -64,17 +66,38 @@ def main(argv: list[str] | None = None) -> int:
                 raise ContainerError("run needs a command: hpcdl-containers run IMAGE -- CMD [ARGS...]")
             mounts = [Mount(*v.split(":", 1)) if ":" in v else Mount(v) for v in args.volume]
             spec = RunSpec(container=ud.ensure_container(args.image), command=command, mounts=mounts,
-                           env_names=args.env, env_files=args.env_file, workdir=args.workdir)
-            proc = ud.start(spec)
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                proc.stop()
-                return 130
+                           env_names=args.env, env_files=args.env_file, workdir=args.workdir or _cwd_in_home())
+            return _run_foreground(ud.start(spec))
     except (ContainerError, FileNotFoundError, ValueError) as e:
         print(f"hpcdl-containers: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _cwd_in_home() -> str | None:
+    """Start where the caller is when that is inside the home directory (which the container binds)."""
+    cwd, home = os.getcwd(), os.path.expanduser("~")
+    return cwd if cwd == home or cwd.startswith(home.rstrip("/") + "/") else None
+
+
+def _run_foreground(proc) -> int:
+    """Wait for the container; SIGINT reaches the program inside (a kernel interrupt), SIGTERM/SIGHUP stop the
+    whole container tree."""
+    signal.signal(signal.SIGINT, lambda *_: proc.signal_payload(signal.SIGINT))
+    stopping = []
+
+    def stop(*_):
+        stopping.append(True)
+        proc.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    while True:
+        try:
+            rc = proc.wait()
+            return 143 if stopping else rc
+        except InterruptedError:
+            continue
 
 
 if __name__ == "__main__":

@@ -60,6 +60,19 @@ class ContainerProcess:
             except psutil.NoSuchProcess:
                 pass
 
+    def signal_payload(self, sig: int) -> int:
+        """Send ``sig`` to the processes running inside the container (below the engine, e.g. proot), not to
+        udocker or the engine: an interrupt reaches the kernel without ending the container. Returns how many."""
+        tree = self._tree()
+        engines = [p for p in tree if _name(p).startswith(("proot", "runc"))]
+        targets = [c for e in engines[:1] for c in _children(e)] if engines else tree
+        for p in targets:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        return len(targets)
+
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM to the whole tree, SIGKILL to what is left after ``timeout`` s; returns the exit status."""
         procs = self._tree()
@@ -91,6 +104,20 @@ class ContainerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return ""
+
+
+def _children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def private_env_file(text: str) -> tuple[str, str]:

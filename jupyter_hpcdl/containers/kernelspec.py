@@ -1,0 +1,30 @@
+"""A Jupyter kernelspec whose kernels run inside the user's udocker container (a pure builder)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+from .spec import check_image_ref
+
+#: Variables a containerized kernel gets by name: its GPUs and the allocation it runs in.
+KERNEL_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES",
+              "SLURM_JOB_PARTITION", "SLURMD_NODENAME", "HPCDL_ALLOCATION_FILE")
+
+
+def container_kernelspec(image: str, host_python: str, display_name: str | None = None,
+                         env_names: Sequence[str] = KERNEL_ENV) -> dict:
+    """kernel.json for an ipykernel started by ``hpcdl-containers run`` in ``image`` (created on first use)."""
+    check_image_ref(image)
+    argv = [host_python, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in env_names), image,
+            "--", "python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    return {"argv": argv, "display_name": display_name or f"Python 3 ({image}, container)", "language": "python",
+            "interrupt_mode": "signal", "metadata": {"jupyter_hpcdl": {"image": image}}}
+
+
+def write_kernelspec(kernels_dir: str, name: str, spec: dict) -> str:
+    path = os.path.join(kernels_dir, name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "kernel.json"), "w") as f:
+        json.dump(spec, f, indent=1)
+    return path

@@ -1,0 +1,96 @@
+"""Slurm's adapter: sbatch, squeue, scontrol, scancel and sinfo, as pure argv builders and output parsers."""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from .options import JobRequest
+from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler
+
+_PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
+_RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
+_SEP = "|"
+
+
+def _gres_count(gres: str, kind: str = "gpu") -> int:
+    """GPUs in a GRES string such as ``gpu:4``, ``gpu:a100:2(S:0-1)`` or ``gpu:0,tmpdisk:10``."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == kind and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+class Slurm(Scheduler):
+    name = "slurm"
+    directive = "#SBATCH"
+
+    def header(self, req: JobRequest, job_name: str, output: str) -> list[str]:
+        gres = f"gpu:{req.gpu_type}:{req.gpus_per_node}" if req.gpu_type else f"gpu:{req.gpus_per_node}"
+        lines = [f"--job-name={job_name}", f"--partition={req.partition}", f"--nodes={req.nodes}",
+                 "--ntasks-per-node=1", f"--gres={gres}", f"--time={req.walltime}", f"--output={output}"]
+        if req.account:
+            lines.append(f"--account={req.account}")
+        return [f"{self.directive} {line}" for line in lines]
+
+    def submit_argv(self, env_names: Sequence[str]) -> list[str]:
+        return ["sbatch", "--parsable", f"--export={','.join(env_names) if env_names else 'NONE'}"]
+
+    def parse_submit(self, stdout: str) -> str:
+        m = re.match(r"^\s*(\d+)(?:;\S+)?\s*$", stdout)
+        if not m:
+            raise ValueError(f"sbatch printed no job id: {stdout.strip()[:200]!r}")
+        return m.group(1)
+
+    def queue_argv(self) -> list[str]:
+        return ["squeue", "--noheader", "--all", f"--format=%i{_SEP}%T{_SEP}%r{_SEP}%S{_SEP}%B"]
+
+    def parse_queue(self, stdout: str) -> dict[str, JobInfo]:
+        jobs = {}
+        for line in stdout.splitlines():
+            fields = line.strip().split(_SEP)
+            if len(fields) != 5 or not fields[0]:
+                continue
+            job_id, state, reason, start, host = fields
+            phase = PENDING if state in _PENDING else RUNNING if state in _RUNNING else ENDED
+            jobs[job_id] = JobInfo(job_id, phase, state, "" if reason == "None" else reason,
+                                   "" if start in ("N/A", "Unknown") else start,
+                                   "" if host in ("n/a", "(null)") or phase == PENDING else host)
+        return jobs
+
+    def job_argv(self, job_id: str) -> list[str]:
+        return ["scontrol", "--oneliner", "show", "job", job_id]
+
+    def parse_job(self, stdout: str) -> JobInfo | None:
+        fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", stdout))
+        if "JobId" not in fields:
+            return None
+        state = fields.get("JobState", "")
+        phase = PENDING if state in _PENDING else RUNNING if state in _RUNNING else ENDED
+        return JobInfo(fields["JobId"], phase, state, "" if fields.get("Reason") == "None" else fields.get("Reason", ""),
+                       fields.get("StartTime", ""), fields.get("BatchHost", ""), fields.get("ExitCode", ""))
+
+    def cancel_argv(self, job_id: str) -> list[str]:
+        return ["scancel", job_id]
+
+    def availability_argv(self) -> list[str]:
+        return ["sinfo", "--noheader", "--Node", f"--Format=PartitionName:{_SEP},NodeList:{_SEP},StateLong:{_SEP},"
+                f"Gres:{_SEP},GresUsed:"]
+
+    def parse_availability(self, stdout: str) -> dict[str, Availability]:
+        acc: dict[str, list[int]] = {}
+        for line in stdout.splitlines():
+            fields = [f.strip() for f in line.split(_SEP)]
+            if len(fields) < 5 or not fields[0]:
+                continue
+            partition, _node, state, gres, used = fields[:5]
+            partition = partition.rstrip("*")
+            up = not any(s in state for s in ("down", "drain", "fail", "maint", "inval", "unknown"))
+            total, busy = _gres_count(gres), _gres_count(used)
+            a = acc.setdefault(partition, [0, 0, 0, 0])
+            a[0] += 1
+            a[1] += int(up and state.startswith("idle"))
+            a[2] += total
+            a[3] += max(total - busy, 0) if up else 0
+        return {p: Availability(p, *a) for p, a in acc.items()}

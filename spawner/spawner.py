@@ -1,0 +1,293 @@
+"""HpcdlSpawner: a user's JupyterLab as one batch job on GPU nodes, kernels in the user's udocker container.
+
+start: validate the options, submit the script (as the user, no shell), follow the job through the shared queue
+(pending reason and expected start, then the node), wait for the job to report its port, return the node's address.
+poll: the job's phase from the shared queue (one scheduler query per interval for all servers).
+stop: cancel the job and wait until the scheduler says it is gone.
+State (job id, port, token digest, why the last server ended) survives a hub restart: a running server is polled
+again, and a start finds a job of a spawn that was pending and adopts it instead of submitting another.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import sys
+import time
+
+from jupyterhub.spawner import Spawner
+from traitlets import Dict, Float, Instance, Integer, List, Unicode, default
+
+from . import api  # noqa: F401 -- installs the hardened callback routes
+from .api import token_digest
+from .commands import as_user, run
+from .form import render_form
+from .options import JobRequest, OptionsError, request_to_options, validate_options
+from .profile import SiteProfile
+from .queue import JobQueue, shared_queue
+from .scheduler import ENDED, PENDING, RUNNING, JobInfo, Scheduler, load_scheduler
+from .script import ScriptContext, build_batch_script
+
+JOB_ENV = ("PATH", "HOME", "USER", "LANG")
+
+
+class HpcdlSpawner(Spawner):
+    """Spawn JupyterLab in a batch job (Slurm first; other schedulers through adapters)."""
+
+    profile = Instance(SiteProfile)
+    python = Unicode(sys.executable, help="Python on the compute nodes that has jupyter_hpcdl (host side).").tag(config=True)
+    listen_ip = Unicode("0.0.0.0", help="Address the server listens on, on its node.").tag(config=True)
+    node_addresses = Dict(help="Node name → address the hub reaches it at; default: the name itself.").tag(config=True)
+    exec_prefix = List(Unicode(), ["sudo", "-n", "-u", "{username}"],
+                       help="How the hub runs the scheduler's commands as the user (argv, no shell).").tag(config=True)
+    queue_interval = Float(5.0, help="Seconds between scheduler queries, shared by all servers.").tag(config=True)
+    log_tail_lines = Integer(20, help="Lines of the job's log shown when it fails.").tag(config=True)
+    job_name = Unicode("jupyterhub-hpcdl").tag(config=True)
+
+    job_id = Unicode("")
+    job_port = Integer(0)
+    job_host = Unicode("")
+    token_sha = Unicode("")
+    last_end = Unicode("")
+
+    @default("profile")
+    def _profile(self):
+        return SiteProfile(parent=self)
+
+    @default("start_timeout")
+    def _start_timeout(self):
+        return 3600  # includes the wait in the queue
+
+    @default("http_timeout")
+    def _http_timeout(self):
+        return 120
+
+    @default("options_form")
+    def _options_form(self):
+        return HpcdlSpawner.render_options_form
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._events: list[dict] = []
+        self._event_added = asyncio.Event()
+        self._port_reported = asyncio.Event()
+        self._start_done = False
+
+    # -- pieces ----------------------------------------------------------------------------------------------------
+    @property
+    def scheduler(self) -> Scheduler:
+        return load_scheduler(self.profile.scheduler)
+
+    @property
+    def queue(self) -> JobQueue:
+        return shared_queue(self.scheduler, self.queue_interval)
+
+    def user_home(self) -> str:
+        return pwd.getpwnam(self.user.name).pw_dir
+
+    def log_path(self, job_id: str = "%j") -> str:
+        return os.path.join(self.user_home(), ".jupyter-hpcdl", "jobs", f"{job_id}.log")
+
+    def request(self, raw: dict | None = None) -> JobRequest:
+        return validate_options(self.user_options if raw is None else raw, self.profile.snapshot(), self.user.name)
+
+    def script_context(self) -> ScriptContext:
+        singleuser = os.path.join(os.path.dirname(self.python), self.cmd[0]) if not os.path.isabs(self.cmd[0]) else self.cmd[0]
+        return ScriptContext(python=self.python, output=self.log_path(), listen_ip=self.listen_ip,
+                             job_name=self.job_name, singleuser_cmd=(singleuser, *self.cmd[1:], *self.get_args()))
+
+    def batch_script(self, req: JobRequest) -> str:
+        return build_batch_script(req, self.scheduler, self.script_context())
+
+    def preview(self, raw: dict) -> dict:
+        """What the form shows for ``raw`` options: the exact script and GPU-hours (ValueError if not allowed)."""
+        req = self.request(raw)
+        return {"script": self.batch_script(req), "gpu_hours": round(req.gpu_hours, 2)}
+
+    def _event(self, message: str, progress: int) -> None:
+        self.log.info("%s: %s", self._log_name, message)
+        self._events.append({"progress": progress, "message": message})
+        self._event_added.set()
+
+    # -- form ------------------------------------------------------------------------------------------------------
+    async def render_options_form(self) -> str:
+        profile = self.profile.snapshot()
+        result = await run(self.scheduler.availability_argv())
+        availability = self.scheduler.parse_availability(result.stdout) if result.returncode == 0 else {}
+        defaults = request_to_options(self.request({}))
+        return render_form(profile, self.user.name, availability, self.preview({}), defaults,
+                           preview_url=self.hub.base_url + "api/hpcdl/preview", server_name=self.name,
+                           last_end=self.last_end)
+
+    def run_options_from_form(self, form_data):
+        return request_to_options(self.request(form_data))
+
+    def options_from_query(self, query_data):
+        return request_to_options(self.request(query_data))
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def get_state(self):
+        state = super().get_state()
+        state.update(job_id=self.job_id, job_port=self.job_port, job_host=self.job_host, token_sha=self.token_sha,
+                     last_end=self.last_end)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.job_id = state.get("job_id", "")
+        self.job_port = state.get("job_port", 0)
+        self.job_host = state.get("job_host", "")
+        self.token_sha = state.get("token_sha", "")
+        self.last_end = state.get("last_end", "")
+
+    def clear_state(self):
+        super().clear_state()
+        self.job_id, self.job_port, self.job_host, self.token_sha = "", 0, "", ""
+
+    def _save_state(self) -> None:
+        """Commit the state now (not only when start returns), so a restarted hub knows a pending job."""
+        if self.orm_spawner is not None:
+            self.orm_spawner.state = self.get_state()
+            from sqlalchemy import inspect as sa_inspect
+
+            session = sa_inspect(self.orm_spawner).session
+            if session is not None:
+                session.commit()
+
+    # -- the callback ----------------------------------------------------------------------------------------------
+    def accept_port(self, digest: str, port: int) -> bool:
+        """Called by the callback handler: record ``port`` if ``digest`` is this server's token and its job runs."""
+        if not self.job_id or not self.token_sha or digest != self.token_sha:
+            return False
+        self.job_port = port
+        self._save_state()
+        self._port_reported.set()
+        return True
+
+    # -- start / poll / stop ---------------------------------------------------------------------------------------
+    async def start(self):
+        self._events, self._start_done = [], False
+        self._port_reported.clear()
+        try:
+            req = self.request()
+        except OptionsError as e:
+            raise OptionsError(f"Not started: {e}") from None
+        try:
+            if self.job_id and (info := await self.queue.job(self.job_id, max_age=0)) and info.phase != ENDED:
+                self._event(f"Found job {self.job_id} of an earlier spawn ({info.state}): following it", 10)
+                if info.phase == RUNNING and self.job_port:
+                    self._port_reported.set()
+            else:
+                await self._submit(req)
+            host = await self._wait_running(req)
+            await self._wait_port(req, host)
+            self.job_host = host
+            self._save_state()
+            ip = self.node_addresses.get(host, host)
+            self._event(f"JupyterLab starting on {host} ({ip}:{self.job_port}); kernels run in {req.image_ref}", 90)
+            return (ip, self.job_port)
+        finally:
+            self._start_done = True
+            self._event_added.set()
+
+    async def _submit(self, req: JobRequest) -> None:
+        env = self.get_env()
+        home = self.user_home()
+        env.update(PATH=f"{os.path.dirname(self.python)}:/usr/local/bin:/usr/bin:/bin", HOME=home, USER=self.user.name,
+                   LANG="C.UTF-8")
+        names = sorted({*JOB_ENV, *(k for k in env if k.startswith("JUPYTERHUB_") or k.startswith("JPY_"))})
+        prefix = as_user(self.exec_prefix, self.user.name, names)
+        (await run([*prefix, "mkdir", "-p", os.path.dirname(self.log_path())], env=env)).check("creating the log directory")
+        result = (await run([*prefix, *self.scheduler.submit_argv(names)], env=env, input=self.batch_script(req))
+                  ).check("submitting the job")
+        self.job_id = self.scheduler.parse_submit(result.stdout)
+        self.token_sha = token_digest(self.api_token)
+        self.job_port, self.job_host = 0, ""
+        self._save_state()
+        self._event(f"Submitted job {self.job_id} to partition {req.partition}: {req.nodes} node(s) × "
+                    f"{req.gpus_per_node} GPU(s) for {req.walltime}", 10)
+
+    async def _wait_running(self, req: JobRequest) -> str:
+        said = None
+        while True:
+            info = await self.queue.job(self.job_id)
+            if info is None or info.phase == ENDED:
+                raise RuntimeError(await self._ended_message(info))
+            if info.phase == RUNNING and info.batch_host:
+                self._event(f"Job {self.job_id} is running on {info.batch_host}; preparing the container {req.image_ref}", 50)
+                return info.batch_host
+            now = (info.state, info.reason, info.expected_start)
+            if now != said:
+                start = f"; expected start {info.expected_start}" if info.expected_start else ""
+                self._event(f"Job {self.job_id} is queued ({info.state.lower()}, reason: {info.reason or 'none given'}{start})", 20)
+                said = now
+            await asyncio.sleep(min(self.queue_interval, 2))
+
+    async def _wait_port(self, req: JobRequest, host: str) -> None:
+        while not self._port_reported.is_set():
+            try:
+                await asyncio.wait_for(self._port_reported.wait(), timeout=self.queue_interval)
+            except asyncio.TimeoutError:
+                info = await self.queue.job(self.job_id)
+                if info is None or info.phase == ENDED:
+                    raise RuntimeError(await self._ended_message(info))
+        self._event(f"Container ready on {host}; the server reported port {self.job_port}", 75)
+
+    async def _ended_message(self, info: JobInfo | None) -> str:
+        what = (f"job {self.job_id} ended: {info.state}" + (f" ({info.reason})" if info.reason else "")
+                + (f", exit code {info.exit_code}" if info.exit_code else "")) if info else \
+            f"job {self.job_id} is no longer known to the scheduler"
+        tail = self._log_tail()
+        self.last_end = what
+        self.job_id, self.job_port, self.token_sha = "", 0, ""
+        self._save_state()
+        return what + (f"\nLast lines of its log ({self.log_path(info.job_id if info else '')}):\n{tail}" if tail else "")
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.log_path(self.job_id)) as f:
+                return "".join(f.readlines()[-self.log_tail_lines:])
+        except OSError:
+            return ""
+
+    async def progress(self):
+        seen = 0
+        while True:
+            while seen < len(self._events):
+                yield self._events[seen]
+                seen += 1
+            if self._start_done:
+                return
+            self._event_added.clear()
+            try:
+                await asyncio.wait_for(self._event_added.wait(), timeout=1)
+            except asyncio.TimeoutError:
+                pass
+
+    async def poll(self):
+        if not self.job_id:
+            return 0
+        info = await self.queue.job(self.job_id)
+        if info is not None and info.phase in (PENDING, RUNNING):
+            return None
+        message = await self._ended_message(info)
+        self.log.warning("%s: %s", self._log_name, message)
+        return 1
+
+    async def stop(self, now=False):
+        if not self.job_id:
+            return
+        job_id = self.job_id
+        prefix = as_user(self.exec_prefix, self.user.name)
+        (await run([*prefix, *self.scheduler.cancel_argv(job_id)])).check(f"cancelling job {job_id}")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            info = await self.queue.job(job_id, max_age=0)
+            if info is None or info.phase == ENDED:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise RuntimeError(f"job {job_id} is still in the queue 60 s after scancel")
+        self.last_end = f"job {job_id} cancelled when the server was stopped"
+        self.job_id, self.job_port, self.token_sha = "", 0, ""
+        self._save_state()
