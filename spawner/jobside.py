@@ -4,11 +4,13 @@ that port (the hub takes the node from the scheduler), then become the single-us
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
-import urllib.request
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from jupyter_hpcdl.containers.kernelspec import container_kernelspec, write_kernelspec
 from jupyter_hpcdl.containers.site import load_site
@@ -23,11 +25,16 @@ def free_port(ip: str) -> int:
 
 
 def report_port(api_url: str, token: str, port: int) -> None:
-    req = urllib.request.Request(api_url.rstrip("/") + "/hpcdl/callback", method="POST",
-                                 data=json.dumps({"port": port}).encode(),
-                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        resp.read()
+    """Tell the hub the port, retrying with backoff (up to about 15 minutes) while the hub is unreachable: it may
+    be restarting."""
+    retry = Retry(total=100, connect=100, read=3, status=5, backoff_factor=0.5, backoff_max=10,
+                  status_forcelist=(502, 503, 504), allowed_methods=None)
+    with requests.Session() as session:
+        session.mount("http://", HTTPAdapter(max_retries=retry))
+        session.mount("https://", HTTPAdapter(max_retries=retry))
+        r = session.post(api_url.rstrip("/") + "/hpcdl/callback", json={"port": port}, timeout=30,
+                         headers={"Authorization": f"token {token}"})
+        r.raise_for_status()
 
 
 def main(argv: list[str] | None = None) -> int:

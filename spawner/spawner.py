@@ -16,6 +16,7 @@ import sys
 import time
 
 from jupyterhub.spawner import Spawner
+from tornado import web
 from traitlets import Dict, Float, Instance, Integer, List, Unicode, default
 
 from . import api  # noqa: F401 -- installs the hardened callback routes
@@ -65,6 +66,17 @@ class HpcdlSpawner(Spawner):
     @default("options_form")
     def _options_form(self):
         return HpcdlSpawner.render_options_form
+
+    @default("apply_user_options")
+    def _apply_user_options(self):
+        # JupyterHub's hook before start: a refused option becomes HTTP 400 with our message (REST and form alike).
+        return HpcdlSpawner.check_user_options
+
+    def check_user_options(self, user_options: dict) -> None:
+        try:
+            self.request(user_options)
+        except OptionsError as e:
+            raise web.HTTPError(400, f"Not started: {e}") from None
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -120,6 +132,7 @@ class HpcdlSpawner(Spawner):
                            last_end=self.last_end)
 
     def run_options_from_form(self, form_data):
+        form_data = {k: v for k, v in form_data.items() if k != "_xsrf"}  # the form's own protection, not an option
         return request_to_options(self.request(form_data))
 
     def options_from_query(self, query_data):
@@ -171,7 +184,7 @@ class HpcdlSpawner(Spawner):
         try:
             req = self.request()
         except OptionsError as e:
-            raise OptionsError(f"Not started: {e}") from None
+            raise web.HTTPError(400, f"Not started: {e}") from None
         try:
             if self.job_id and (info := await self.queue.job(self.job_id, max_age=0)) and info.phase != ENDED:
                 self._event(f"Found job {self.job_id} of an earlier spawn ({info.state}): following it", 10)
@@ -249,6 +262,27 @@ class HpcdlSpawner(Spawner):
                 return "".join(f.readlines()[-self.log_tail_lines:])
         except OSError:
             return ""
+
+    async def get_url(self):
+        """After a hub restart, JupyterHub asks a server it thinks is running for its URL. A spawn that was pending
+        then (its job queued, or running without a port yet) is followed here to its end: once the job reports its
+        port, the hub adopts the server like any running one. If the job ended, the old URL is returned and the hub
+        finds it unreachable and cleans up."""
+        if self.job_id and not self.job_port and not self._start_pending:
+            try:
+                req = self.request(self.user_options or self.orm_spawner.user_options or {})
+                self._port_reported.clear()
+                self.log.info("%s: following job %s of a spawn that was pending when the hub stopped", self._log_name, self.job_id)
+                self.job_host = await self._wait_running(req)
+                await self._wait_port(req, self.job_host)
+                self._save_state()
+            except Exception as e:  # never break the hub's start-up checks
+                self.log.warning("%s: pending job not adopted: %s", self._log_name, e)
+                return await super().get_url()
+        if self.job_id and self.job_port and self.job_host and self.server is not None:
+            ip = self.node_addresses.get(self.job_host, self.job_host)
+            return f"http://{ip}:{self.job_port}{self.server.base_url}"
+        return await super().get_url()
 
     async def progress(self):
         seen = 0

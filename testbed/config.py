@@ -93,6 +93,9 @@ c.SharedPasswordAuthenticator.user_password = {password!r}
 c.Authenticator.allowed_users = set({users!r})
 # The spawner: JupyterLab as a Slurm job on the GPU nodes, kernels in the user's udocker container.
 c.JupyterHub.spawner_class = "hpcdl"
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.cleanup_servers = False  # a hub restart leaves the users' jobs alone; the spawner picks them up again
+c.Spawner.poll_interval = 10
 c.Spawner.default_url = "/lab"
 c.HpcdlSpawner.python = "{prefix}/venv/bin/python"
 c.HpcdlSpawner.listen_ip = "127.0.0.1"
@@ -105,5 +108,5 @@ c.SiteProfile.images = {{"base": {{"ref": "hpcdl/base:latest", "description": "T
 # A service whose token drives the REST API in tests (the token is in a root-only file).
 c.JupyterHub.services = [{{"name": "testbed", "api_token": open("{state}/hub/service_token").read().strip()}}]
 c.JupyterHub.load_roles = [{{"name": "testbed", "services": ["testbed"],
-                            "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"]}}]
+                            "scopes": ["admin:users", "admin:servers", "access:servers", "read:users", "tokens"]}}]
 """

@@ -1,0 +1,248 @@
+"""The spawner with the real hub, proxy, Slurm and udocker of the test bed."""
+import http.cookiejar
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hubclient import Hub
+
+pytestmark = pytest.mark.testbed
+KERNEL_REPORT = ("import os, json; print(json.dumps({'image': json.load(open('/etc/hpcdl-image.json')), "
+                 "'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), 'uid': os.getuid(), 'cwd': os.getcwd()}))")
+
+
+@pytest.fixture(scope="module")
+def hub(bed):
+    return Hub(bed)
+
+
+def jobs(user):
+    out = subprocess.run(["squeue", "-h", "-u", user, "-o", "%i %T %r"], capture_output=True, text=True, check=True).stdout
+    return [line.split() for line in out.splitlines()]
+
+
+@pytest.fixture
+def clean(hub):
+    """Every test starts and ends with no server and no job of alice and bob."""
+    yield
+    for user in ("alice", "bob"):
+        info = hub.api("GET", f"/hub/api/users/{user}")[1]
+        for name in list(info["servers"]):
+            hub.api("DELETE", f"/hub/api/users/{user}/server" + (f"s/{name}" if name else ""))
+            hub.wait_gone(user, name=name)
+    for user in ("alice", "bob"):
+        subprocess.run(["scancel", "-u", user], check=False)
+    deadline = time.monotonic() + 60
+    while (jobs("alice") or jobs("bob")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not jobs("alice") and not jobs("bob")
+
+
+def spawn(hub, user, options, name=""):
+    path = f"/hub/api/users/{user}/server" + (f"s/{name}" if name else "")
+    return hub.api("POST", path, options, timeout=120)
+
+
+def progress_messages(hub, user, name="", until=None, timeout=120):
+    """Messages of the spawn's progress event stream (until one matches ``until`` or the spawn is ready)."""
+    path = f"/hub/api/users/{user}/server" + (f"s/{name}" if name else "") + "/progress"
+    req = urllib.request.Request(hub.url + path, headers={"Authorization": f"token {hub.token}"})
+    messages = []
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            messages.append(event.get("message", ""))
+            if event.get("ready") or event.get("failed") or (until and re.search(until, messages[-1])):
+                break
+    return messages
+
+
+def test_spawn_runs_lab_on_a_node_with_kernels_in_the_container(bed, hub, clean):
+    status, body = spawn(hub, "alice", {"nodes": 1, "gpus_per_node": 2, "walltime": "00:20:00", "image": "base"})
+    assert status in (201, 202), body
+    server = hub.wait_ready("alice")
+    assert server["user_options"]["gpus_per_node"] == 2
+    (job_id, state, _), = jobs("alice")
+    assert state == "RUNNING"
+    report = json.loads(hub.run_in_kernel("alice", KERNEL_REPORT))
+    assert report["image"] == bed["identity"], "the kernel is not running inside alice's container"
+    assert len(report["cuda"].split(",")) == 2 and report["uid"] == 1001
+    script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True).stdout
+    token = _server_token()
+    assert token and token not in script and "TOKEN" not in script
+    hub.stop("alice")
+    assert jobs("alice") == []
+
+
+def test_queued_spawn_says_why_and_stop_cancels_it(hub, bob, clean):
+    blocker = bob.run("sbatch", "--parsable", "--nodes=1", "--gres=gpu:1", "--time=10", "--wrap=sleep 600", check=True)
+    assert blocker.stdout.strip()
+    status, _ = spawn(hub, "alice", {"nodes": 2, "gpus_per_node": 4, "walltime": "00:10:00"}, name="big")
+    assert status == 202
+    messages = progress_messages(hub, "alice", "big", until=r"queued")
+    assert any(re.search(r"Submitted job \d+ to partition gpu: 2 node\(s\) × 4 GPU\(s\) for 00:10:00", m) for m in messages)
+    assert re.search(r"Job \d+ is queued \(pending, reason: (Resources|Priority)", messages[-1]), messages
+    hub.stop("alice", "big")
+    assert jobs("alice") == []
+
+
+def test_hub_restart_picks_up_a_running_and_a_pending_server(bed, hub, bob, clean):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
+    import bed as testbed
+
+    spawn(hub, "alice", {"gpus_per_node": 1, "walltime": "00:20:00"})
+    hub.wait_ready("alice")
+    blocker = bob.run("sbatch", "--parsable", "--nodes=1", "--nodelist=node2", "--gres=gpu:4", "--time=10",
+                      "--wrap=sleep 600", check=True).stdout.strip()
+    spawn(hub, "alice", {"nodes": 2, "gpus_per_node": 3, "walltime": "00:10:00"}, name="queued")
+    progress_messages(hub, "alice", "queued", until=r"queued")
+    before = {j[0]: j[1] for j in jobs("alice")}
+    assert sorted(before.values()) == ["PENDING", "RUNNING"]
+
+    testbed.hub().stop()
+    testbed.hub().start()
+    assert hub.server("alice")["ready"], "the running server was not picked up"
+    assert json.loads(hub.run_in_kernel("alice", KERNEL_REPORT))["image"] == bed["identity"]
+    subprocess.run(["scancel", blocker], check=True)
+    hub.wait_ready("alice", name="queued", timeout=180)
+    after = {j[0]: j[1] for j in jobs("alice")}
+    assert after == {k: "RUNNING" for k in before}, "the pending job was not followed (or a new one was submitted)"
+
+
+def test_a_job_ended_outside_the_hub_is_noticed_and_explained(bed, hub, alice, clean):
+    spawn(hub, "alice", {"walltime": "00:20:00"})
+    hub.wait_ready("alice")
+    (job_id, _, _), = jobs("alice")
+    subprocess.run(["scancel", job_id], check=True)
+    t0 = time.monotonic()
+    hub.wait_gone("alice", timeout=30)
+    assert time.monotonic() - t0 < 10 + 5, "not noticed within one poll interval"
+    page = _user_session(bed, "alice").get("/hub/spawn")
+    assert re.search(rf"Your last server ended: job {job_id} ended: CANCELLED", page), page[:2000]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.fixed_dictionaries({}, optional={
+    "nodes": st.one_of(st.integers(-3, 9), st.text(max_size=12)),
+    "gpus_per_node": st.one_of(st.integers(-1, 9), st.sampled_from(["2;id", "$(id)", "1\n#SBATCH --uid=0"])),
+    "walltime": st.sampled_from(["00:10:00", "99:00:00", "1:00\nrm -rf ~", "`id`", "", "0"]),
+    "partition": st.sampled_from(["gpu", "debug", "gpu --uid=0", ""]),
+    "image": st.sampled_from(["base", "docker.io/library/ubuntu", "../../etc"]),
+    "cmd": st.just(["/bin/sh", "-c", "id"]),
+}))
+def test_fuzzed_rest_options_are_refused_or_submitted_exactly(hub, bed, options):
+    status, body = spawn(hub, "alice", options)
+    try:
+        if status == 400:
+            assert body["message"].startswith("Not started: ") and jobs("alice") == []
+            return
+        assert status in (201, 202), (status, body)
+        (job_id, _, _), = jobs("alice")
+        script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True).stdout
+        for line in script.splitlines():
+            if line.startswith("#SBATCH"):
+                assert re.fullmatch(r"#SBATCH --[a-z-]+=[A-Za-z0-9_.:/%-]+", line), line
+    finally:
+        if hub.server("alice"):
+            hub.stop("alice")
+    assert jobs("alice") == []
+
+
+def _server_token(user="alice"):
+    for p in psutil.process_iter(["username", "cmdline"]):
+        if p.info["username"] == user and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or []):
+            try:
+                env = Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for item in env:
+                if item.startswith(b"JUPYTERHUB_API_TOKEN="):
+                    return item.split(b"=", 1)[1].decode()
+    return None
+
+
+def test_callback_accepts_only_the_port_from_the_servers_own_token(hub, bob, clean):
+    spawn(hub, "alice", {"walltime": "00:20:00"})
+    hub.wait_ready("alice")
+    token = _server_token()
+    marker = Path(f"/tmp/hpcdl-pwned-{os.getpid()}")
+    for route in ("/hub/api/batchspawner", "/hub/api/hpcdl/callback"):
+        for body in ({"batch_cancel_cmd": f"touch {marker}"}, {"port": 1, "exec_prefix": ["touch", str(marker)]},
+                     {"port": "8888"}, {"port": 1, "ip": "10.1.2.3"}):
+            status, reply = hub.api("POST", route, body, token=token)
+            assert status == 400 and "accepts exactly" in reply["message"] or "port must be" in reply["message"], reply
+    status, bob_token = hub.api("POST", "/hub/api/users/bob/tokens", {"note": "test"})
+    status, reply = hub.api("POST", "/hub/api/hpcdl/callback", {"port": 1234}, token=bob_token["token"])
+    assert status == 409, reply
+    before = hub.server("alice")["url"]
+    hub.stop("alice")
+    assert jobs("alice") == [] and not marker.exists()
+    assert before.endswith("/user/alice/")
+
+
+def test_bob_cannot_reach_alices_server(hub, clean):
+    spawn(hub, "alice", {"walltime": "00:20:00"})
+    hub.wait_ready("alice")
+    _, bob_token = hub.api("POST", "/hub/api/users/bob/tokens", {"note": "test"})
+    status, _ = hub.api("GET", "/user/alice/api/kernels", token=bob_token["token"])
+    assert status in (403, 404)
+    status, _ = hub.api("GET", "/user/alice/api/kernels")  # the admin service may
+    assert status == 200
+
+
+class _Session:
+    def __init__(self, base):
+        self.base = base
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+
+    def xsrf(self):
+        return next((c.value for c in self.jar if c.name == "_xsrf"), "")
+
+    def get(self, path):
+        with self.opener.open(self.base + path, timeout=60) as r:
+            return r.read().decode()
+
+    def post(self, path, fields):
+        data = urllib.parse.urlencode({**fields, "_xsrf": self.xsrf()}).encode()
+        try:
+            with self.opener.open(urllib.request.Request(self.base + path, data=data), timeout=120) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+
+def _user_session(bed, user):
+    s = _Session(bed["hub_url"])
+    s.get("/hub/login")
+    password = (Path(bed["hub_dir"]) / "password").read_text().strip()
+    status, _ = s.post("/hub/login", {"username": user, "password": password})
+    assert status == 200
+    return s
+
+
+def test_form_offers_availability_and_preview_and_refuses_bad_values(bed, clean):
+    s = _user_session(bed, "alice")
+    page = s.get("/hub/spawn")
+    assert re.search(r'<tr data-partition="gpu">.*?<td>\s*2 / 2</td>\s*<td>\s*8 / 8</td>', page, re.S), "availability"
+    assert "#SBATCH --partition=gpu" in page and 'id="hpcdl-gpu-hours">1.0<' in page
+    assert '<option value="alice-project">' in page
+    status, page = s.post("/hub/spawn", {"partition": "gpu", "nodes": "9", "gpus_per_node": "1",
+                                          "walltime": "00:10:00", "account": "hpcdl", "image": "base"})
+    assert "nodes: 9 is out of range; allowed: 1 to 2" in page
+    assert jobs("alice") == []
+    preview = json.loads(s.get("/hub/api/hpcdl/preview?nodes=2&gpus_per_node=3&walltime=02:00:00&_xsrf=" + s.xsrf()))
+    assert preview["gpu_hours"] == 12.0 and "#SBATCH --gres=gpu:3" in preview["script"]

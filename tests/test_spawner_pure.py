@@ -1,0 +1,173 @@
+"""The spawner's pure parts alone: options validation (fuzzed), the batch script, Slurm's parsers, the callback body,
+and the shared queue's one-query-per-interval."""
+import asyncio
+import re
+import shlex
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from jupyter_hpcdl.spawner.api import parse_callback
+from jupyter_hpcdl.spawner.commands import Result, as_user
+from jupyter_hpcdl.spawner.options import FIELDS, OptionsError, request_to_options, validate_options
+from jupyter_hpcdl.spawner.profile import Image, Partition, Profile, parse_walltime
+from jupyter_hpcdl.spawner.queue import JobQueue
+from jupyter_hpcdl.spawner.scheduler import ENDED, PENDING, RUNNING
+from jupyter_hpcdl.spawner.script import ScriptContext, build_batch_script
+from jupyter_hpcdl.spawner.slurm import Slurm
+
+PROFILE = Profile(
+    partitions={"gpu": Partition("gpu", max_nodes=2, max_gpus_per_node=4, max_walltime=240),
+                "a100": Partition("a100", max_nodes=4, max_gpus_per_node=8, max_walltime=60, gpu_types=("a100",))},
+    images={"base": Image("base", "hpcdl/base:latest", "TF"), "tf216": Image("tf216", "hpcdl/tf:2.16")},
+    accounts={"*": ("hpcdl",), "alice": ("hpcdl", "alice-project")})
+CTX = ScriptContext(python="/opt/venv/bin/python", output="/home/alice/.jupyter-hpcdl/jobs/%j.log", listen_ip="127.0.0.1",
+                    singleuser_cmd=("/opt/venv/bin/jupyterhub-singleuser", "--debug"))
+
+
+def test_form_values_become_a_typed_request():
+    req = validate_options({"partition": ["gpu"], "nodes": ["2"], "gpus_per_node": ["3"], "walltime": ["01:30"],
+                            "account": ["alice-project"], "image": ["tf216"]}, PROFILE, "alice")
+    assert (req.partition, req.nodes, req.gpus_per_node, req.walltime_minutes, req.account, req.image_ref) == \
+        ("gpu", 2, 3, 90, "alice-project", "hpcdl/tf:2.16")
+    assert req.gpu_hours == 9.0
+    assert validate_options(request_to_options(req), PROFILE, "alice") == req
+
+
+def test_defaults_fill_what_is_not_given():
+    req = validate_options({}, PROFILE, "bob")
+    assert (req.partition, req.nodes, req.gpus_per_node, req.walltime, req.account, req.image) == \
+        ("gpu", 1, 1, "01:00:00", "hpcdl", "base")
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"nodes": 3}, r"nodes: 3 is out of range; allowed: 1 to 2"),
+    ({"nodes": "1; rm -rf ~"}, r"nodes: a whole number from 1 to 2"),
+    ({"nodes": True}, r"nodes: a whole number"),
+    ({"gpus_per_node": 0}, r"gpus_per_node: 0 is out of range; allowed: 1 to 4"),
+    ({"partition": "debug"}, r"partition: 'debug' is not offered; choose one of: gpu, a100"),
+    ({"walltime": "05:00:00"}, r"walltime: 05:00:00 is longer than partition gpu allows \(04:00:00\)"),
+    ({"walltime": "1:00\n#SBATCH --uid=0"}, r"walltime: walltime must be HH:MM"),
+    ({"account": "bobs-project"}, r"account: 'bobs-project' is not offered; choose one of: hpcdl, alice-project"),
+    ({"image": "docker.io/evil"}, r"image: 'docker.io/evil' is not offered; choose one of: base, tf216"),
+    ({"cmd": ["/bin/sh"]}, r"unknown option\(s\) cmd; allowed: partition"),
+    ({"gpu_type": "a100"}, r"gpu_type: partition gpu has no GPU types"),
+    ({"partition": "a100", "gpu_type": "h100"}, r"gpu_type: 'h100' is not offered; choose one of: a100"),
+    ({"nodes": ["1", "2"]}, r"nodes: give exactly one value"),
+])
+def test_each_bad_value_says_what_is_allowed(raw, message):
+    with pytest.raises(OptionsError, match=message):
+        validate_options(raw, PROFILE, "alice")
+
+
+def test_walltime_forms():
+    assert [parse_walltime(v) for v in ("30", "0:30", "1:00:00", "1-02:00:00", 45, "0:00:30")] == [30, 30, 60, 1560, 45, 1]
+    for bad in ("0", "1:75", "abc", "1:00:00:00", "-5", True):
+        with pytest.raises(ValueError):
+            parse_walltime(bad)
+
+
+def test_script_is_exact_and_carries_no_secret():
+    req = validate_options({"nodes": 2, "gpus_per_node": 2, "walltime": "02:00:00", "account": "alice-project"},
+                           PROFILE, "alice")
+    script = build_batch_script(req, Slurm(), CTX)
+    assert script == """#!/bin/bash
+#SBATCH --job-name=jupyterhub-hpcdl
+#SBATCH --partition=gpu
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:2
+#SBATCH --time=02:00:00
+#SBATCH --output=/home/alice/.jupyter-hpcdl/jobs/%j.log
+#SBATCH --account=alice-project
+# jupyter-hpcdl: JupyterLab on the first node; kernels in the udocker image hpcdl/base:latest
+# 2 node(s) x 2 GPU(s) for 02:00:00: 8 GPU-hours
+set -eu
+exec /opt/venv/bin/python -m jupyter_hpcdl.spawner.jobside --image=hpcdl/base:latest --listen-ip=127.0.0.1 -- /opt/venv/bin/jupyterhub-singleuser --debug
+"""
+    assert "TOKEN" not in script.upper()
+
+
+def test_gpu_type_goes_into_gres():
+    req = validate_options({"partition": "a100", "gpu_type": "a100", "gpus_per_node": 8}, PROFILE, "alice")
+    assert "#SBATCH --gres=gpu:a100:8" in build_batch_script(req, Slurm(), CTX)
+
+
+SAFE = re.compile(r"^#SBATCH --[a-z-]+=[A-Za-z0-9_.:/%-]+$")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(FIELDS + ("cmd", "exec_prefix", "x")),
+                       st.one_of(st.text(max_size=30), st.integers(-5, 500), st.booleans(), st.none(),
+                                 st.lists(st.text(max_size=10), max_size=3), st.floats(allow_nan=True)),
+                       max_size=6))
+def test_fuzzed_options_never_reach_the_script_unvalidated(raw):
+    try:
+        req = validate_options(raw, PROFILE, "alice")
+    except OptionsError:
+        return
+    script = build_batch_script(req, Slurm(), CTX)
+    for line in script.splitlines()[1:]:
+        if line.startswith("#SBATCH"):
+            assert SAFE.match(line), line
+    assert script.count("\n") == (13 if req.account else 12)
+    assert shlex.split(script.splitlines()[-1])[0] == "exec"
+
+
+def test_submit_and_cancel_argv_carry_names_not_values():
+    assert Slurm().submit_argv(["HOME", "JUPYTERHUB_API_TOKEN"]) == [
+        "sbatch", "--parsable", "--export=HOME,JUPYTERHUB_API_TOKEN"]
+    assert Slurm().cancel_argv("42") == ["scancel", "42"]
+    assert as_user(["sudo", "-n", "-u", "{username}"], "alice", ["A", "B"]) == [
+        "sudo", "-n", "-u", "alice", "--preserve-env=A,B", "--"]
+
+
+def test_slurm_parsers():
+    s = Slurm()
+    assert s.parse_submit("123\n") == "123" and s.parse_submit("77;cluster\n") == "77"
+    with pytest.raises(ValueError, match="no job id"):
+        s.parse_submit("sbatch: error: Batch job submission failed")
+    jobs = s.parse_queue("12|PENDING|Resources|2026-11-29T20:00:00|n/a\n13|RUNNING|None|2026-11-29T19:00:00|node1\n"
+                         "14|COMPLETING|None|N/A|node2\n15|CANCELLED|None|N/A|node1\n")
+    assert (jobs["12"].phase, jobs["12"].reason, jobs["12"].expected_start, jobs["12"].batch_host) == \
+        (PENDING, "Resources", "2026-11-29T20:00:00", "")
+    assert (jobs["13"].phase, jobs["13"].batch_host, jobs["14"].phase, jobs["15"].phase) == (RUNNING, "node1", RUNNING, ENDED)
+    ended = s.parse_job("JobId=15 JobName=x UserId=alice(1001) JobState=FAILED Reason=NonZeroExitCode "
+                        "Dependency=(null) ExitCode=1:0 BatchHost=node1 StartTime=2026-11-29T19:00:00")
+    assert (ended.phase, ended.state, ended.reason, ended.exit_code) == (ENDED, "FAILED", "NonZeroExitCode", "1:0")
+    assert s.parse_job("slurm_load_jobs error: Invalid job id specified") is None
+    avail = s.parse_availability("gpu |node1 |idle |gpu:4 |gpu:0 \ngpu |node2 |mixed |gpu:4 |gpu:3(IDX:0-2) \n"
+                                 "gpu |node3 |down* |gpu:4 |gpu:0 \n")
+    a = avail["gpu"]
+    assert (a.nodes, a.idle_nodes, a.gpus, a.idle_gpus) == (3, 1, 12, 5)
+
+
+@pytest.mark.parametrize("body", [{}, {"port": "8888"}, {"port": 0}, {"port": 70000}, {"port": True}, [8888],
+                                  {"port": 8888, "ip": "10.0.0.1"}, {"port": 8888, "batch_cancel_cmd": "id"}, None])
+def test_callback_accepts_only_a_port(body):
+    with pytest.raises(ValueError):
+        parse_callback(body)
+
+
+def test_callback_port():
+    assert parse_callback({"port": 8888}) == 8888
+
+
+def test_one_scheduler_query_per_interval_for_a_thousand_servers():
+    calls = []
+
+    async def runner(argv, **kw):
+        calls.append(argv[0])
+        await asyncio.sleep(0.01)
+        lines = "".join(f"{i}|RUNNING|None|N/A|node1\n" for i in range(1000))
+        return Result(tuple(argv), 0, lines, "")
+
+    async def scenario():
+        q = JobQueue(Slurm(), interval=60, runner=runner)
+        infos = await asyncio.gather(*(q.job(str(i)) for i in range(1000)))
+        again = await asyncio.gather(*(q.job(str(i)) for i in range(1000)))
+        return q, infos, again
+
+    q, infos, again = asyncio.run(scenario())
+    assert all(i.phase == RUNNING for i in infos + again)
+    assert calls == ["squeue"] and q.queries == 1
