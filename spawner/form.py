@@ -35,19 +35,20 @@ _TEMPLATE = Environment(autoescape=True).from_string("""
 <p class="hpcdl-gpu-hours">This asks for <b id="hpcdl-gpu-hours">{{ preview.gpu_hours }}</b> GPU-hours.</p>
 <p class="text-danger" id="hpcdl-preview-error" role="alert"></p>
 <details open><summary>The batch script that will be submitted</summary>
-<pre id="hpcdl-script" class="hpcdl-script">{{ preview.script }}</pre></details>
+<pre id="hpcdl-script" class="hpcdl-script" style="white-space: pre-wrap">{{ preview.script }}</pre></details>
 </div>
 <script>
 (function () {
   var form = document.getElementById("hpcdl-partition").form;
-  var xsrf = form.querySelector("input[name=_xsrf]");
+  var field = form.querySelector("input[name=_xsrf]");
+  var xsrf = field ? field.value : new URL(form.action, location.href).searchParams.get("_xsrf");
   var timer = null;
   function update() {
     var params = new URLSearchParams(new FormData(form));
     params.delete("_xsrf");
     params.set("server_name", {{ server_name|tojson }});
     fetch({{ preview_url|tojson }} + "?" + params.toString(),
-          {headers: xsrf ? {"X-XSRFToken": xsrf.value} : {}, credentials: "same-origin"})
+          {headers: xsrf ? {"X-XSRFToken": xsrf} : {}, credentials: "same-origin"})
       .then(function (r) { return r.json().then(function (body) { return [r.ok, body]; }); })
       .then(function (res) {
         var err = document.getElementById("hpcdl-preview-error");

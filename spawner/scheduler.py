@@ -42,7 +42,7 @@ class Scheduler:
     name = "abstract"
     directive = "#"
 
-    def header(self, req: JobRequest, job_name: str, output: str) -> list[str]:
+    def header(self, req: JobRequest, job_name: str, output: str, workdir: str) -> list[str]:
         raise NotImplementedError
 
     def submit_argv(self, env_names: Sequence[str]) -> list[str]:

@@ -19,6 +19,7 @@ class ScriptContext:
 
     python: str
     output: str
+    workdir: str
     listen_ip: str = "0.0.0.0"
     job_name: str = "jupyterhub-hpcdl"
     singleuser_cmd: Sequence[str] = ("jupyterhub-singleuser",)
@@ -30,7 +31,7 @@ def build_batch_script(req: JobRequest, scheduler: Scheduler, ctx: ScriptContext
                f"--listen-ip={ctx.listen_ip}", "--", *ctx.singleuser_cmd]
     lines = [
         "#!/bin/bash",
-        *scheduler.header(req, ctx.job_name, ctx.output),
+        *scheduler.header(req, ctx.job_name, ctx.output, ctx.workdir),
         f"# jupyter-hpcdl: JupyterLab on the first node; kernels in the udocker image {req.image_ref}",
         f"# {req.nodes} node(s) x {req.gpus_per_node} GPU(s) for {req.walltime}: {req.gpu_hours:g} GPU-hours",
         "set -eu",

@@ -26,10 +26,11 @@ class Slurm(Scheduler):
     name = "slurm"
     directive = "#SBATCH"
 
-    def header(self, req: JobRequest, job_name: str, output: str) -> list[str]:
+    def header(self, req: JobRequest, job_name: str, output: str, workdir: str) -> list[str]:
         gres = f"gpu:{req.gpu_type}:{req.gpus_per_node}" if req.gpu_type else f"gpu:{req.gpus_per_node}"
         lines = [f"--job-name={job_name}", f"--partition={req.partition}", f"--nodes={req.nodes}",
-                 "--ntasks-per-node=1", f"--gres={gres}", f"--time={req.walltime}", f"--output={output}"]
+                 "--ntasks-per-node=1", f"--gres={gres}", f"--time={req.walltime}", f"--output={output}",
+                 f"--chdir={workdir}"]
         if req.account:
             lines.append(f"--account={req.account}")
         return [f"{self.directive} {line}" for line in lines]

@@ -105,7 +105,7 @@ class HpcdlSpawner(Spawner):
 
     def script_context(self) -> ScriptContext:
         singleuser = os.path.join(os.path.dirname(self.python), self.cmd[0]) if not os.path.isabs(self.cmd[0]) else self.cmd[0]
-        return ScriptContext(python=self.python, output=self.log_path(), listen_ip=self.listen_ip,
+        return ScriptContext(python=self.python, output=self.log_path(), workdir=self.user_home(), listen_ip=self.listen_ip,
                              job_name=self.job_name, singleuser_cmd=(singleuser, *self.cmd[1:], *self.get_args()))
 
     def batch_script(self, req: JobRequest) -> str:

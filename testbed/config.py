@@ -94,6 +94,7 @@ c.Authenticator.allowed_users = set({users!r})
 # The spawner: JupyterLab as a Slurm job on the GPU nodes, kernels in the user's udocker container.
 c.JupyterHub.spawner_class = "hpcdl"
 c.JupyterHub.allow_named_servers = True
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # straight to the progress page: jobs queue
 c.JupyterHub.cleanup_servers = False  # a hub restart leaves the users' jobs alone; the spawner picks them up again
 c.Spawner.poll_interval = 10
 c.Spawner.default_url = "/lab"

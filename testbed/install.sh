@@ -10,7 +10,7 @@ venv=$prefix/venv
 log() { printf '[install] %s\n' "$*" >&2; }
 
 apt_packages=(slurm-wlm munge sudo openmpi-bin libopenmpi-dev proot runc patchelf libfakechroot mmdebstrap
-  umoci skopeo docker-registry python3-venv python3-dev build-essential ca-certificates nodejs)
+  umoci skopeo docker-registry python3-venv python3-dev build-essential ca-certificates nodejs chromium fonts-dejavu-core)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

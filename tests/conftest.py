@@ -6,6 +6,7 @@ import os
 import pwd
 import shutil
 import sys
+import time
 import subprocess
 import tempfile
 from pathlib import Path
@@ -94,8 +95,13 @@ def pytest_sessionfinish(session, exitstatus):
     fails)."""
     if not (STATE / "bed.json").exists() or os.geteuid() != 0:
         return
-    queue = subprocess.run(["squeue", "-h", "-u", "alice,bob", "-o", "%i %T"], capture_output=True, text=True).stdout
-    left = [f"{p.pid} {p.info['username']} {' '.join(p.info['cmdline'] or [])}" for p in user_processes("alice", "bob")]
+    deadline = time.monotonic() + 30  # a cancelled job's processes take a moment to go
+    while True:
+        queue = subprocess.run(["squeue", "-h", "-u", "alice,bob", "-o", "%i %T"], capture_output=True, text=True).stdout
+        left = [f"{p.pid} {p.info['username']} {' '.join(p.info['cmdline'] or [])}" for p in user_processes("alice", "bob")]
+        if not (queue.strip() or left) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     if queue.strip() or left:
         print(f"\nLEFT BEHIND by the tests: jobs {queue!r}, processes {left}", file=sys.stderr)
         session.exitstatus = 1

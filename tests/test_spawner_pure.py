@@ -21,7 +21,8 @@ PROFILE = Profile(
                 "a100": Partition("a100", max_nodes=4, max_gpus_per_node=8, max_walltime=60, gpu_types=("a100",))},
     images={"base": Image("base", "hpcdl/base:latest", "TF"), "tf216": Image("tf216", "hpcdl/tf:2.16")},
     accounts={"*": ("hpcdl",), "alice": ("hpcdl", "alice-project")})
-CTX = ScriptContext(python="/opt/venv/bin/python", output="/home/alice/.jupyter-hpcdl/jobs/%j.log", listen_ip="127.0.0.1",
+CTX = ScriptContext(python="/opt/venv/bin/python", output="/home/alice/.jupyter-hpcdl/jobs/%j.log", workdir="/home/alice",
+                    listen_ip="127.0.0.1",
                     singleuser_cmd=("/opt/venv/bin/jupyterhub-singleuser", "--debug"))
 
 
@@ -79,6 +80,7 @@ def test_script_is_exact_and_carries_no_secret():
 #SBATCH --gres=gpu:2
 #SBATCH --time=02:00:00
 #SBATCH --output=/home/alice/.jupyter-hpcdl/jobs/%j.log
+#SBATCH --chdir=/home/alice
 #SBATCH --account=alice-project
 # jupyter-hpcdl: JupyterLab on the first node; kernels in the udocker image hpcdl/base:latest
 # 2 node(s) x 2 GPU(s) for 02:00:00: 8 GPU-hours
@@ -110,7 +112,7 @@ def test_fuzzed_options_never_reach_the_script_unvalidated(raw):
     for line in script.splitlines()[1:]:
         if line.startswith("#SBATCH"):
             assert SAFE.match(line), line
-    assert script.count("\n") == (13 if req.account else 12)
+    assert script.count("\n") == (14 if req.account else 13)
     assert shlex.split(script.splitlines()[-1])[0] == "exec"
 
 
