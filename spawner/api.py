@@ -5,7 +5,9 @@
   nothing. The node comes from the scheduler, never from the job.
 - ``POST /hub/api/batchspawner``: batchspawner 1.3.0's route sets *any* spawner attribute the JSON body names
   (including commands the hub later runs) for anyone holding the job's token. Importing this module replaces that
-  handler with the hardened callback above (batchspawner's own job wrapper only ever sends the port).
+  handler with the hardened callback above, which still serves plain batchspawner spawners: their job wrapper
+  only ever sends the port, and only ``port`` is set. JupyterHub loads every installed spawner entry point, so with
+  this package installed the route is hardened whichever spawner a hub uses.
 - ``GET /hub/api/hpcdl/preview``: the exact batch script and GPU-hours for the form's current values.
 """
 from __future__ import annotations
@@ -47,7 +49,13 @@ class CallbackHandler(APIHandler):
         digest = token_digest(token)
         for spawner in user.spawners.values():
             accept = getattr(spawner, "accept_port", None)
-            if accept is not None and accept(digest, port):
+            if accept is not None:
+                accepted = accept(digest, port)
+            else:  # plain batchspawner: its own wrapper reports the port, and only the port is set
+                accepted = hasattr(spawner, "job_id") and getattr(spawner, "api_token", None) == token
+                if accepted:
+                    spawner.port = port
+            if accepted:
                 self.set_status(201)
                 self.finish(json.dumps({"message": f"port {port} recorded"}))
                 return

@@ -42,6 +42,8 @@ class HpcdlSpawner(Spawner):
     exec_prefix = List(Unicode(), ["sudo", "-n", "-u", "{username}"],
                        help="How the hub runs the scheduler's commands as the user (argv, no shell).").tag(config=True)
     queue_interval = Float(5.0, help="Seconds between scheduler queries, shared by all servers.").tag(config=True)
+    startup_poll_interval = Float(0.5, help="Seconds between queue readings while a server starts (the few starting "
+                                            "servers share them too).").tag(config=True)
     log_tail_lines = Integer(20, help="Lines of the job's log shown when it fails.").tag(config=True)
     job_name = Unicode("jupyterhub-hpcdl").tag(config=True)
 
@@ -223,7 +225,7 @@ class HpcdlSpawner(Spawner):
     async def _wait_running(self, req: JobRequest) -> str:
         said = None
         while True:
-            info = await self.queue.job(self.job_id)
+            info = await self.queue.job(self.job_id, max_age=self.startup_poll_interval)
             if info is None or info.phase == ENDED:
                 raise RuntimeError(await self._ended_message(info))
             if info.phase == RUNNING and info.batch_host:
@@ -234,7 +236,7 @@ class HpcdlSpawner(Spawner):
                 start = f"; expected start {info.expected_start}" if info.expected_start else ""
                 self._event(f"Job {self.job_id} is queued ({info.state.lower()}, reason: {info.reason or 'none given'}{start})", 20)
                 said = now
-            await asyncio.sleep(min(self.queue_interval, 2))
+            await asyncio.sleep(self.startup_poll_interval)
 
     async def _wait_port(self, req: JobRequest, host: str) -> None:
         while not self._port_reported.is_set():
