@@ -15,7 +15,7 @@ _TEMPLATE = Environment(autoescape=True).from_string("""
   <tbody>{% for p in partitions %}<tr data-partition="{{ p.name }}"><td>{{ p.name }}{% if p.description %} — {{ p.description }}{% endif %}</td>
     <td>{{ avail[p.name].idle_nodes if p.name in avail else "?" }} / {{ avail[p.name].nodes if p.name in avail else "?" }}</td>
     <td>{{ avail[p.name].idle_gpus if p.name in avail else "?" }} / {{ avail[p.name].gpus if p.name in avail else "?" }}</td>
-    <td>≤ {{ p.max_nodes }} nodes, ≤ {{ p.max_gpus_per_node }} GPUs/node, ≤ {{ walltime(p.max_walltime) }}</td></tr>{% endfor %}</tbody>
+    <td>≤ {{ p.max_nodes }} nodes, ≤ {{ p.max_gpus_per_node }} GPUs/node, ≤ {{ walltime(p.max_walltime) }}{% if p.max_memory_gb %}, ≤ {{ p.max_memory_gb }} GB/node{% endif %}</td></tr>{% endfor %}</tbody>
 </table>
 <div class="form-group"><label for="hpcdl-partition">Partition</label>
   <select class="form-control" id="hpcdl-partition" name="partition">{% for p in partitions %}
@@ -27,6 +27,8 @@ _TEMPLATE = Environment(autoescape=True).from_string("""
   <input class="form-control" type="number" id="hpcdl-gpus" name="gpus_per_node" min="1" value="{{ defaults.gpus_per_node }}"></div>
 <div class="form-group"><label for="hpcdl-walltime">Walltime (HH:MM:SS)</label>
   <input class="form-control" type="text" id="hpcdl-walltime" name="walltime" value="{{ defaults.walltime }}"></div>
+{% if defaults.memory_gb %}<div class="form-group"><label for="hpcdl-memory">Memory per node (GB)</label>
+  <input class="form-control" type="number" id="hpcdl-memory" name="memory_gb" min="1" value="{{ defaults.memory_gb }}"></div>{% endif %}
 {% if accounts %}<div class="form-group"><label for="hpcdl-account">Account</label>
   <select class="form-control" id="hpcdl-account" name="account">{% for a in accounts %}<option value="{{ a }}">{{ a }}</option>{% endfor %}</select></div>{% endif %}
 <div class="form-group"><label for="hpcdl-image">Container image</label>

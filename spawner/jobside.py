@@ -12,6 +12,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from jupyter_hpcdl.containers.errors import ContainerError
 from jupyter_hpcdl.containers.kernelspec import container_kernelspec, write_kernelspec
 from jupyter_hpcdl.containers.site import load_site
 
@@ -47,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     job = os.environ.get("SLURM_JOB_ID", str(os.getpid()))
     print(f"[jupyter-hpcdl] job {job} on {os.environ.get('SLURMD_NODENAME', socket.gethostname())}: "
           f"preparing the container for {args.image}", flush=True)
-    container = load_site().client().ensure_container(args.image)
+    try:
+        container = load_site().client().ensure_container(args.image)
+    except ContainerError as e:
+        print(f"[jupyter-hpcdl] error: {e}", file=sys.stderr, flush=True)
+        return 2
     print(f"[jupyter-hpcdl] container {container} ready", flush=True)
 
     job_dir = os.path.expanduser(f"~/.jupyter-hpcdl/jobs/{job}")

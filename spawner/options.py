@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from .profile import Profile, format_walltime, parse_walltime
 
-FIELDS = ("partition", "nodes", "gpus_per_node", "walltime", "account", "image", "gpu_type")
+FIELDS = ("partition", "nodes", "gpus_per_node", "walltime", "memory_gb", "account", "image", "gpu_type")
 
 
 class OptionsError(ValueError):
@@ -25,6 +25,7 @@ class JobRequest:
     image_ref: str
     account: str | None = None
     gpu_type: str | None = None
+    memory_gb: int | None = None  # per node; None where the partition sets no memory limit
 
     @property
     def gpu_hours(self) -> float:
@@ -92,13 +93,19 @@ def validate_options(raw: Mapping[str, Any], profile: Profile, user: str) -> Job
     if minutes > partition.max_walltime:
         raise OptionsError(f"walltime: {format_walltime(minutes)} is longer than partition {partition.name} allows "
                            f"({format_walltime(partition.max_walltime)})")
+    if partition.max_memory_gb:
+        memory = _int(raw, "memory_gb", 1, partition.max_memory_gb, default=partition.max_memory_gb)
+    elif _one(raw, "memory_gb") not in (None, ""):
+        raise OptionsError(f"memory_gb: partition {partition.name} takes no memory request")
+    else:
+        memory = None
     image = _choice(raw, "image", list(profile.images), default=next(iter(profile.images)))
     accounts = profile.accounts_for(user)
     account = _choice(raw, "account", accounts, default=accounts[0] if accounts else None)
     gpu_type = _choice(raw, "gpu_type", partition.gpu_types) if partition.gpu_types else None
     if not partition.gpu_types and _one(raw, "gpu_type") not in (None, ""):
         raise OptionsError(f"gpu_type: partition {partition.name} has no GPU types to choose from")
-    return JobRequest(partition.name, nodes, gpus, minutes, image, profile.images[image].ref, account, gpu_type)
+    return JobRequest(partition.name, nodes, gpus, minutes, image, profile.images[image].ref, account, gpu_type, memory)
 
 
 def request_to_options(req: JobRequest) -> dict:
@@ -109,4 +116,6 @@ def request_to_options(req: JobRequest) -> dict:
         opts["account"] = req.account
     if req.gpu_type:
         opts["gpu_type"] = req.gpu_type
+    if req.memory_gb:
+        opts["memory_gb"] = req.memory_gb
     return opts

@@ -31,6 +31,8 @@ class Slurm(Scheduler):
         lines = [f"--job-name={job_name}", f"--partition={req.partition}", f"--nodes={req.nodes}",
                  "--ntasks-per-node=1", f"--gres={gres}", f"--time={req.walltime}", f"--output={output}",
                  f"--chdir={workdir}"]
+        if req.memory_gb:
+            lines.append(f"--mem={req.memory_gb}G")
         if req.account:
             lines.append(f"--account={req.account}")
         return [f"{self.directive} {line}" for line in lines]

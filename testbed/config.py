@@ -103,7 +103,8 @@ c.HpcdlSpawner.listen_ip = "127.0.0.1"
 c.HpcdlSpawner.node_addresses = {nodes!r}
 c.HpcdlSpawner.queue_interval = 2.0
 c.SiteProfile.partitions = {{"{PARTITION}": {{"max_nodes": {len(NODES)}, "max_gpus_per_node": {GPUS_PER_NODE},
-                                         "max_walltime": "04:00:00", "description": "test-bed GPU nodes"}}}}
+                                         "max_walltime": "04:00:00", "max_memory_gb": 3,
+                                         "description": "test-bed GPU nodes"}}}}
 c.SiteProfile.accounts = {{"*": ["hpcdl"], "alice": ["hpcdl", "alice-project"]}}
 c.SiteProfile.images = {{"base": {{"ref": "hpcdl/base:latest", "description": "TensorFlow 2.15, Horovod 0.28.1"}}}}
 # A service whose token drives the REST API in tests (the token is in a root-only file).

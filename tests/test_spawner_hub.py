@@ -150,6 +150,7 @@ def test_fuzzed_rest_options_are_refused_or_submitted_exactly(hub, bed, options)
             assert body["message"].startswith("Not started: ") and jobs("alice") == []
             return
         assert status in (201, 202), (status, body)
+        hub.wait_ready("alice")
         (job_id, _, _), = jobs("alice")
         script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True).stdout
         for line in script.splitlines():
@@ -246,3 +247,15 @@ def test_form_offers_availability_and_preview_and_refuses_bad_values(bed, clean)
     assert jobs("alice") == []
     preview = json.loads(s.get("/hub/api/hpcdl/preview?nodes=2&gpus_per_node=3&walltime=02:00:00&_xsrf=" + s.xsrf()))
     assert preview["gpu_hours"] == 12.0 and "#SBATCH --gres=gpu:3" in preview["script"]
+
+
+def test_a_job_that_fails_says_why_with_its_log(hub, clean):
+    """bob's udocker holds no image: the job fails while preparing the container, and the spawn says so."""
+    status, _ = spawn(hub, "bob", {"walltime": "00:10:00"})
+    assert status == 202
+    messages = progress_messages(hub, "bob", timeout=180)
+    assert re.search(r"job \d+ ended: FAILED.*exit code 2", messages[-1]), messages
+    assert "Last lines of its log" in messages[-1]
+    assert "image 'hpcdl/base:latest' is not in your udocker repository" in messages[-1]
+    hub.wait_gone("bob")
+    assert jobs("bob") == []

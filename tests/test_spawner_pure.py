@@ -18,6 +18,7 @@ from jupyter_hpcdl.spawner.slurm import Slurm
 
 PROFILE = Profile(
     partitions={"gpu": Partition("gpu", max_nodes=2, max_gpus_per_node=4, max_walltime=240),
+                "big": Partition("big", max_nodes=1, max_gpus_per_node=8, max_walltime=60, max_memory_gb=512),
                 "a100": Partition("a100", max_nodes=4, max_gpus_per_node=8, max_walltime=60, gpu_types=("a100",))},
     images={"base": Image("base", "hpcdl/base:latest", "TF"), "tf216": Image("tf216", "hpcdl/tf:2.16")},
     accounts={"*": ("hpcdl",), "alice": ("hpcdl", "alice-project")})
@@ -46,7 +47,9 @@ def test_defaults_fill_what_is_not_given():
     ({"nodes": "1; rm -rf ~"}, r"nodes: a whole number from 1 to 2"),
     ({"nodes": True}, r"nodes: a whole number"),
     ({"gpus_per_node": 0}, r"gpus_per_node: 0 is out of range; allowed: 1 to 4"),
-    ({"partition": "debug"}, r"partition: 'debug' is not offered; choose one of: gpu, a100"),
+    ({"partition": "debug"}, r"partition: 'debug' is not offered; choose one of: gpu, big, a100"),
+    ({"partition": "big", "memory_gb": 600}, r"memory_gb: 600 is out of range; allowed: 1 to 512"),
+    ({"memory_gb": 8}, r"memory_gb: partition gpu takes no memory request"),
     ({"walltime": "05:00:00"}, r"walltime: 05:00:00 is longer than partition gpu allows \(04:00:00\)"),
     ({"walltime": "1:00\n#SBATCH --uid=0"}, r"walltime: walltime must be HH:MM"),
     ({"account": "bobs-project"}, r"account: 'bobs-project' is not offered; choose one of: hpcdl, alice-project"),
@@ -90,6 +93,14 @@ exec /opt/venv/bin/python -m jupyter_hpcdl.spawner.jobside --image=hpcdl/base:la
     assert "TOKEN" not in script.upper()
 
 
+def test_memory_defaults_to_the_partitions_limit_and_goes_into_mem():
+    req = validate_options({"partition": "big"}, PROFILE, "alice")
+    assert req.memory_gb == 512 and "#SBATCH --mem=512G" in build_batch_script(req, Slurm(), CTX)
+    req = validate_options({"partition": "big", "memory_gb": "64"}, PROFILE, "alice")
+    assert "#SBATCH --mem=64G" in build_batch_script(req, Slurm(), CTX)
+    assert validate_options(request_to_options(req), PROFILE, "alice") == req
+
+
 def test_gpu_type_goes_into_gres():
     req = validate_options({"partition": "a100", "gpu_type": "a100", "gpus_per_node": 8}, PROFILE, "alice")
     assert "#SBATCH --gres=gpu:a100:8" in build_batch_script(req, Slurm(), CTX)
@@ -112,7 +123,7 @@ def test_fuzzed_options_never_reach_the_script_unvalidated(raw):
     for line in script.splitlines()[1:]:
         if line.startswith("#SBATCH"):
             assert SAFE.match(line), line
-    assert script.count("\n") == (14 if req.account else 13)
+    assert script.count("\n") == 13 + bool(req.account) + bool(req.memory_gb)
     assert shlex.split(script.splitlines()[-1])[0] == "exec"
 
 
