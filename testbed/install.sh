@@ -36,7 +36,7 @@ if [[ ! -x $venv/bin/python || $(cat "$venv/.hpcdl-stamp" 2>/dev/null) != "$stam
       HOROVOD_WITH_MPI=1 MAKEFLAGS=-j2 "${pip[@]}" wheel --no-build-isolation --no-deps -w "$cache/wheels" horovod==0.28.1
   fi
   "${pip[@]}" install --no-build-isolation -c "$repo/testbed/constraints.txt" --find-links "$cache/wheels" \
-    "$repo[tensorflow-cpu,rank,hub,test]"
+    "$repo[tensorflow-cpu,rank,hub,lab,test]"
   echo "$stamp" >"$venv/.hpcdl-stamp"
 fi
 # The project itself, always (it is small): not editable, so users and containers never read the checkout.

@@ -1,0 +1,52 @@
+"""Per-rank training metrics as they stream in, kept as a table, and the straggler check (pure functions)."""
+from __future__ import annotations
+
+import statistics
+from typing import Iterable, Mapping
+
+import pandas as pd
+
+COLUMNS = ("rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s", "memory_mb", "time")
+
+
+def straggler_ranks(step_times: Mapping[int, float], factor: float = 1.5) -> list[int]:
+    """Ranks whose recent step time is more than ``factor`` times the median of all ranks."""
+    if len(step_times) < 2:
+        return []
+    median = statistics.median(step_times.values())
+    return sorted(r for r, t in step_times.items() if median > 0 and t > factor * median)
+
+
+class MetricsTable:
+    """Records from every rank, in arrival order; ``frame()`` gives them as a pandas DataFrame."""
+
+    def __init__(self):
+        self._rows: list[dict] = []
+        self._seen: dict[int, tuple] = {}
+
+    def add(self, records: Iterable[Mapping]) -> int:
+        """Add records not seen before (a rank's latest record may be read several times); return how many."""
+        added = 0
+        for rec in records:
+            if not rec or "rank" not in rec:
+                continue
+            key = (rec.get("epoch"), rec.get("batch"), rec.get("time"))
+            if self._seen.get(rec["rank"]) == key:
+                continue
+            self._seen[rec["rank"]] = key
+            self._rows.append({c: rec.get(c) for c in COLUMNS})
+            added += 1
+        return added
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self._rows, columns=list(COLUMNS))
+
+    def latest_step_times(self) -> dict[int, float]:
+        latest: dict[int, float] = {}
+        for row in self._rows:
+            if row["step_time_s"] is not None:
+                latest[row["rank"]] = row["step_time_s"]
+        return latest
+
+    def stragglers(self, factor: float = 1.5) -> list[int]:
+        return straggler_ranks(self.latest_step_times(), factor)

@@ -1,0 +1,183 @@
+"""TrainingSession: Horovod ranks as ipyparallel engines, driven from the notebook.
+
+    session = TrainingSession(ranks=2)              # local engines (laptops, binder, workshops)
+    session.start()
+    session.setup(model_fn, data_fn, loss="sparse_categorical_crossentropy", lr=0.05)
+    session.fit(epochs=3)                           # and again: training goes on where it stopped
+    session.metrics                                 # per-rank metrics as they streamed in (pandas)
+    session.checkpoint("~/ckpt/digits.npz"); session.resume("~/ckpt/digits.npz")
+    session.close()
+
+The session owns the Gloo rendezvous (Horovod's own server) for its whole life. Each fit ends with a check that all
+ranks hold identical weights: a world that silently stopped averaging is an error, never a result."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import ipyparallel as ipp
+
+from ..world import gloo_env, plan_slots
+from . import rank as rank_side
+from .metrics import MetricsTable
+
+
+class RankError(RuntimeError):
+    """One or more ranks raised; the message names each rank and its error."""
+
+
+class WorldDiverged(RuntimeError):
+    """The ranks' weights differ after training: gradients were not averaged."""
+
+
+@dataclass
+class FitResult:
+    epochs_done: int
+    history: dict[int, dict[str, list[float]]]
+    stopped: str | None
+    weights: str
+    seconds: float
+    ranks: list[int] = field(default_factory=list)
+
+    @property
+    def loss(self) -> list[float]:
+        return self.history[0].get("loss", [])
+
+
+class TrainingSession:
+    def __init__(self, ranks: int = 2, iface: str = "lo", tf_threads: int = 1, env: dict | None = None,
+                 engine_cmd: list[str] | None = None, start_timeout: float = 120):
+        self.ranks = ranks
+        self.iface = iface
+        self.env = {"TF_CPP_MIN_LOG_LEVEL": "2", "HPCDL_TF_THREADS": str(tf_threads), **(env or {})}
+        self.engine_cmd = engine_cmd
+        self.start_timeout = start_timeout
+        self.metrics_table = MetricsTable()
+        self.world: list[dict] = []
+        self._cluster = self._client = self._rendezvous = None
+        self._dir = tempfile.mkdtemp(prefix="hpcdl-session-", dir=os.path.expanduser("~"))
+        self.stop_file = os.path.join(self._dir, "stop")
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+    def start(self) -> list[dict]:
+        """Start the engines and join them into one Horovod world over Gloo; return each rank's description."""
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+        from horovod.runner.http.http_server import RendezvousServer
+
+        kwargs = {}
+        if self.engine_cmd:
+            kwargs["config"] = {"LocalEngineSetLauncher": {"engine_cmd": self.engine_cmd}}
+        self._cluster = ipp.Cluster(n=self.ranks, log_level=40, **kwargs)
+        self._client = self._cluster.start_and_connect_sync()
+        self._client.wait_for_engines(self.ranks, timeout=self.start_timeout)
+        host = socket.gethostname()
+        self._rendezvous = RendezvousServer(verbose=0)
+        port = self._rendezvous.start()
+        self._rendezvous.init(get_host_assignments(parse_hosts(f"{host}:{self.ranks}"), self.ranks))
+        slots = plan_slots([(host, self.ranks)])
+        engines = sorted(self._client.ids)[: self.ranks]
+        # every engine joins at once (hvd.init waits for all ranks)
+        results = [self._client[e].apply_async(rank_side.join, {**self.env, **gloo_env(s, "127.0.0.1", port, self.iface)})
+                   for e, s in zip(engines, slots)]
+        self.world = [self._get(r, f"engine {e}") for e, r in zip(engines, results)]
+        self._engine_of = {w["rank"]: e for w, e in zip(self.world, engines)}
+        self._view = self._client[[self._engine_of[r] for r in sorted(self._engine_of)]]
+        self._view.use_cloudpickle()  # the user's model and data functions travel by value
+        return self.world
+
+    def close(self) -> None:
+        """Leave the world, stop the engines and the rendezvous; nothing is left running."""
+        try:
+            if self._client is not None:
+                try:
+                    self._view.apply_sync(rank_side.leave)
+                except Exception:
+                    pass
+                self._client.close()
+            if self._cluster is not None:
+                self._cluster.stop_cluster_sync()
+        finally:
+            if self._rendezvous is not None:
+                self._rendezvous.stop()
+            self._cluster = self._client = self._rendezvous = None
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> "TrainingSession":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- training ----------------------------------------------------------------------------------------------------
+    def setup(self, model_fn, data_fn, loss, metrics=(), lr: float = 0.01, batch_size: int = 32) -> list[dict]:
+        """Build ``model_fn()`` on every rank with ``data_fn(rank, size) -> (x, y)`` as its shard."""
+        return self._all(rank_side.build, model_fn, data_fn, loss, tuple(metrics), lr, batch_size)
+
+    def fit(self, epochs: int = 1, publish_every: int = 1, on_metrics=None, poll: float = 0.2) -> FitResult:
+        """Train ``epochs`` more epochs on all ranks, streaming metrics into :attr:`metrics` (and ``on_metrics``)."""
+        if os.path.exists(self.stop_file):
+            os.unlink(self.stop_file)
+        t0 = time.perf_counter()
+        ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every)
+        while not ar.ready():
+            self._collect(ar, on_metrics)
+            time.sleep(poll)
+        self._collect(ar, on_metrics)
+        results = self._get(ar, "fit")
+        digests = {r["rank"]: r["weights"] for r in results}
+        if len(set(digests.values())) != 1:
+            raise WorldDiverged(f"ranks hold different weights after training ({digests}): gradients were not averaged")
+        return FitResult(results[0]["epochs_done"], {r["rank"]: r["history"] for r in results},
+                         results[0]["stopped"], results[0]["weights"], time.perf_counter() - t0,
+                         [r["rank"] for r in results])
+
+    def stop_training(self) -> None:
+        """Ask every rank to stop after the current batch (they agree on the same batch)."""
+        open(self.stop_file, "w").close()
+
+    def set_lr(self, lr: float) -> list[float]:
+        return self._all(rank_side.set_lr, lr)
+
+    def checkpoint(self, path: str) -> str:
+        path = os.path.expanduser(path)
+        return next(p for p in self._all(rank_side.save, path) if p)
+
+    def resume(self, path: str) -> list[dict]:
+        return self._all(rank_side.load, os.path.expanduser(path))
+
+    @property
+    def metrics(self):
+        return self.metrics_table.frame()
+
+    def stragglers(self, factor: float = 1.5) -> list[int]:
+        return self.metrics_table.stragglers(factor)
+
+    # -- plumbing ----------------------------------------------------------------------------------------------------
+    def _collect(self, ar, on_metrics) -> None:
+        data = ar.data if isinstance(ar.data, list) else [ar.data]
+        if self.metrics_table.add(d for d in data if d) and on_metrics is not None:
+            on_metrics(self.metrics_table)
+
+    def _all(self, fn, *args):
+        return self._get(self._view.apply_async(fn, *args), fn.__name__)
+
+    def _get(self, ar, what: str):
+        try:
+            return ar.get()
+        except ipp.error.CompositeError as e:
+            lines = [f"rank {self._rank_of(info)}: {name}: {message}" for name, message, _tb, info in e.elist]
+            raise RankError(f"{what} failed on " + "; ".join(sorted(lines))) from None
+        except ipp.error.RemoteError as e:
+            raise RankError(f"{what} failed: {e.ename}: {e.evalue}") from None
+
+    def _rank_of(self, info) -> str:
+        engine = info.get("engine_id") if isinstance(info, dict) else info
+        for r, e in getattr(self, "_engine_of", {}).items():
+            if e == engine:
+                return str(r)
+        return f"(engine {engine})"

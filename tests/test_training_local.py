@@ -1,0 +1,124 @@
+"""A training session in local mode (no batch system): 2 Horovod ranks as ipyparallel engines train a Keras model on
+scikit-learn's digits, interactively — epochs and more epochs, live per-rank metrics, identical weights, stop
+mid-epoch, learning rate changes, atomic checkpoints and resume."""
+import sys
+
+import cloudpickle
+import pytest
+
+from jupyter_hpcdl.training import RankError, TrainingSession
+from jupyter_hpcdl.training.checkpoint import atomic_write
+from jupyter_hpcdl.training.metrics import MetricsTable, straggler_ranks
+from jupyter_hpcdl.training.rank import keras_problem
+
+pytest.importorskip("horovod.tensorflow.keras")
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as functions defined in a notebook travel
+
+
+def digits_model():
+    import tensorflow as tf
+    return tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
+                                tf.keras.layers.Dense(10)])
+
+
+def digits_shard(rank, size):
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    return (x[rank::size] / 16.0).astype("float32"), y[rank::size]
+
+
+LOSS = "sparse_categorical_crossentropy"
+
+
+def logits_loss():
+    import tensorflow as tf
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = TrainingSession(ranks=2)
+    try:
+        world = s.start()
+        assert sorted((w["rank"], w["size"]) for w in world) == [(0, 2), (1, 2)]
+        s.setup(digits_model, digits_shard, loss=logits_loss(), lr=0.1, batch_size=32)
+        yield s
+    finally:
+        s.close()
+
+
+def test_loss_falls_and_ranks_agree_epoch_after_epoch(session):
+    first = session.fit(epochs=2)
+    again = session.fit(epochs=2)
+    assert first.epochs_done == 2 and again.epochs_done == 4
+    assert set(first.history) == {0, 1}
+    losses = first.loss + again.loss
+    assert losses[-1] < losses[0] * 0.7, losses
+    assert first.weights != again.weights  # training moved them, and fit checked all ranks agree on each
+
+
+def test_metrics_stream_from_both_ranks(session):
+    seen = []
+    session.fit(epochs=1, on_metrics=lambda table: seen.append(len(table.frame())))
+    frame = session.metrics
+    assert set(frame["rank"]) == {0, 1}
+    assert frame["samples_per_s"].dropna().gt(0).all() and frame["memory_mb"].gt(0).all()
+    assert seen and seen == sorted(seen), "metrics did not arrive while training ran"
+
+
+def test_learning_rate_changes_without_restarting(session):
+    assert session.set_lr(0.01) == pytest.approx([0.01, 0.01])
+    pids = {w["pid"] for w in session.world}
+    session.fit(epochs=1)
+    assert {w["pid"] for w in session.world} == pids
+
+
+def test_stop_mid_epoch_keeps_the_world_in_step(session):
+    import threading
+    timer = threading.Timer(1.5, session.stop_training)
+    timer.start()
+    result = session.fit(epochs=50)
+    timer.join()
+    assert result.stopped and "stopped in epoch" in result.stopped
+    assert result.epochs_done < session.fit(epochs=1).epochs_done  # the world still trains afterwards
+
+
+def test_checkpoint_is_atomic_and_resume_restores(session, tmp_path):
+    path = session.checkpoint(str(tmp_path / "digits.npz"))
+    before = session.resume(path)
+    digest = before[0]["weights"]
+    session.fit(epochs=1)
+    after = session.resume(path)
+    assert [r["weights"] for r in after] == [digest, digest]
+    assert [p.name for p in tmp_path.iterdir()] == ["digits.npz"]
+
+
+def test_an_error_on_the_ranks_names_them(session):
+    with pytest.raises(RankError, match=r"rank [01]: .*FileNotFoundError"):
+        session.resume("/nonexistent/ckpt.npz")
+
+
+def test_atomic_write_leaves_the_old_checkpoint_when_writing_fails(tmp_path):
+    path = tmp_path / "c.npz"
+    path.write_bytes(b"old")
+
+    def broken(tmp):
+        open(tmp, "wb").write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(str(path), broken)
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["c.npz"]
+
+
+def test_keras3_without_tf_keras_is_refused_with_the_fix():
+    assert "TF_USE_LEGACY_KERAS=1" in keras_problem("2.18.1", None)
+    assert keras_problem("2.18.1", "1") is None and keras_problem("2.15.1", None) is None
+
+
+def test_straggler_is_a_rank_clearly_slower_than_the_median():
+    assert straggler_ranks({0: 0.010, 1: 0.011, 2: 0.030, 3: 0.010}) == [2]
+    assert straggler_ranks({0: 0.010}) == []
+    table = MetricsTable()
+    assert table.add([{"rank": 0, "epoch": 1, "batch": 0, "time": 1, "step_time_s": 0.01},
+                      {"rank": 0, "epoch": 1, "batch": 0, "time": 1, "step_time_s": 0.01}]) == 1
