@@ -75,3 +75,16 @@ def gloo_env(slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str)
         "HOROVOD_CROSS_RANK": str(slot.cross_rank),
         "HOROVOD_CROSS_SIZE": str(slot.cross_size),
     }
+
+
+def hosts_from_tasks(tasks: Sequence[tuple[int, str]]) -> list[tuple[str, int]]:
+    """Hosts and their task counts, in rank order, from (rank, host) pairs of a block-distributed step."""
+    hosts: list[tuple[str, int]] = []
+    for _, host in sorted(tasks):
+        if hosts and hosts[-1][0] == host:
+            hosts[-1] = (host, hosts[-1][1] + 1)
+        elif any(h == host for h, _ in hosts):
+            raise ValueError(f"ranks on {host} are not contiguous: start the step with --distribution=block")
+        else:
+            hosts.append((host, 1))
+    return hosts

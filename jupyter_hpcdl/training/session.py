@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import ipyparallel as ipp
 
-from ..world import gloo_env, plan_slots
+from ..allocation import SOCKET_ENV, request
+from ..world import gloo_env, hosts_from_tasks, plan_slots
 from . import rank as rank_side
 from .metrics import MetricsTable
 
@@ -49,9 +50,18 @@ class FitResult:
 
 
 class TrainingSession:
-    def __init__(self, ranks: int = 2, iface: str = "lo", tf_threads: int = 1, env: dict | None = None,
-                 engine_cmd: list[str] | None = None, start_timeout: float = 120):
+    def __init__(self, ranks: int = 2, iface: str | None = None, tf_threads: int = 1, env: dict | None = None,
+                 engine_cmd: list[str] | None = None, start_timeout: float = 120, where: str = "auto",
+                 image: str = "hpcdl/base:latest", controller_ip: str | None = None):
+        """``where``: "local" (engines on this machine), "allocation" (one engine per rank across the nodes of the
+        batch job this kernel runs in, each in the user's container for ``image``), or "auto" (the allocation when
+        the job's owner is reachable, else local)."""
+        if where not in ("auto", "local", "allocation"):
+            raise ValueError("where must be 'auto', 'local' or 'allocation'")
         self.ranks = ranks
+        self.where = where
+        self.image = image
+        self.controller_ip = controller_ip
         self.iface = iface
         self.env = {"TF_CPP_MIN_LOG_LEVEL": "2", "HPCDL_TF_THREADS": str(tf_threads), **(env or {})}
         self.engine_cmd = engine_cmd
@@ -63,31 +73,63 @@ class TrainingSession:
         self.stop_file = os.path.join(self._dir, "stop")
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
+    @property
+    def owner_socket(self) -> str | None:
+        path = os.environ.get(SOCKET_ENV)
+        return path if path and os.path.exists(path) else None
+
     def start(self) -> list[dict]:
         """Start the engines and join them into one Horovod world over Gloo; return each rank's description."""
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         from horovod.runner.http.http_server import RendezvousServer
 
-        kwargs = {}
-        if self.engine_cmd:
-            kwargs["config"] = {"LocalEngineSetLauncher": {"engine_cmd": self.engine_cmd}}
-        self._cluster = ipp.Cluster(n=self.ranks, log_level=40, **kwargs)
-        self._client = self._cluster.start_and_connect_sync()
-        self._client.wait_for_engines(self.ranks, timeout=self.start_timeout)
-        host = socket.gethostname()
+        in_allocation = self.where == "allocation" or (self.where == "auto" and self.owner_socket)
+        if in_allocation:
+            if not self.owner_socket:
+                raise RuntimeError("no batch allocation to start ranks in: this kernel is not in a jupyter-hpcdl job "
+                                   f"(${SOCKET_ENV} unset); use where='local'")
+            engines, hosts, addr = self._start_in_allocation()
+        else:
+            engines, hosts, addr = self._start_local()
+        iface = self.iface or _iface_for(addr)
         self._rendezvous = RendezvousServer(verbose=0)
         port = self._rendezvous.start()
-        self._rendezvous.init(get_host_assignments(parse_hosts(f"{host}:{self.ranks}"), self.ranks))
-        slots = plan_slots([(host, self.ranks)])
-        engines = sorted(self._client.ids)[: self.ranks]
+        self._rendezvous.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in hosts)), self.ranks))
+        slots = plan_slots(hosts)
         # every engine joins at once (hvd.init waits for all ranks)
-        results = [self._client[e].apply_async(rank_side.join, {**self.env, **gloo_env(s, "127.0.0.1", port, self.iface)})
+        results = [self._client[e].apply_async(rank_side.join, {**self.env, **gloo_env(s, addr, port, iface)})
                    for e, s in zip(engines, slots)]
         self.world = [self._get(r, f"engine {e}") for e, r in zip(engines, results)]
         self._engine_of = {w["rank"]: e for w, e in zip(self.world, engines)}
         self._view = self._client[[self._engine_of[r] for r in sorted(self._engine_of)]]
         self._view.use_cloudpickle()  # the user's model and data functions travel by value
         return self.world
+
+    def _start_local(self):
+        kwargs = {}
+        if self.engine_cmd:
+            kwargs["config"] = {"LocalEngineSetLauncher": {"engine_cmd": self.engine_cmd}}
+        self._cluster = ipp.Cluster(n=self.ranks, log_level=40, **kwargs)
+        self._client = self._cluster.start_and_connect_sync()
+        self._client.wait_for_engines(self.ranks, timeout=self.start_timeout)
+        return sorted(self._client.ids)[: self.ranks], [(socket.gethostname(), self.ranks)], "127.0.0.1"
+
+    def _start_in_allocation(self):
+        """A controller here; the engines started by the allocation's owner with srun, one per rank, in containers."""
+        addr = self.controller_ip or socket.gethostbyname(socket.gethostname())
+        self._cluster = ipp.Cluster(n=0, controller_ip=addr, engines="local", log_level=40)
+        self._cluster.start_controller_sync()
+        connection = os.path.join(self._cluster.profile_dir, "security",
+                                  f"ipcontroller-{self._cluster.cluster_id}-engine.json")
+        gpus = 1 if os.environ.get("CUDA_VISIBLE_DEVICES") else 0  # each rank sees only its own GPU
+        request(self.owner_socket, "POST", "/engines", {"ranks": self.ranks, "image": self.image,
+                                                         "connection_file": connection, "gpus_per_rank": gpus})
+        self._client = self._cluster.connect_client_sync()
+        self._client.wait_for_engines(self.ranks, timeout=self.start_timeout)
+        engines = sorted(self._client.ids)[: self.ranks]
+        tasks = self._client[engines].apply_sync(_slurm_task)
+        by_rank = sorted(zip(tasks, engines))
+        return [e for _, e in by_rank], hosts_from_tasks(tasks), addr
 
     def close(self) -> None:
         """Leave the world, stop the engines and the rendezvous; nothing is left running."""
@@ -98,6 +140,11 @@ class TrainingSession:
                 except Exception:
                     pass
                 self._client.close()
+            if self.owner_socket and self.where != "local":
+                try:
+                    request(self.owner_socket, "DELETE", "/engines")
+                except (OSError, RuntimeError):
+                    pass
             if self._cluster is not None:
                 self._cluster.stop_cluster_sync()
         finally:
@@ -181,3 +228,19 @@ class TrainingSession:
             if e == engine:
                 return str(r)
         return f"(engine {engine})"
+
+
+def _slurm_task() -> tuple[int, str]:
+    """On an engine started by srun: its task number and node."""
+    import os
+
+    return int(os.environ["SLURM_PROCID"]), os.environ["SLURMD_NODENAME"]
+
+
+def _iface_for(addr: str) -> str:
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == addr for a in addrs):
+            return name
+    raise RuntimeError(f"no network interface holds {addr}: give TrainingSession(iface=...)")

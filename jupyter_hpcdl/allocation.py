@@ -1,0 +1,133 @@
+"""The allocation's owner, on the host side of a batch job (beside srun and the scheduler's client): it describes the
+allocation and starts the training engines in it, each inside the user's container, when a kernel asks.
+
+Kernels run inside containers, where there is no srun and no scheduler: they ask this owner over a Unix socket in the
+user's private job directory (file permissions are the authentication). The Jupyter server extension
+(``jupyter_hpcdl.serverext``) runs it for the job that runs the user's JupyterLab."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Mapping, Sequence
+
+from .containers.kernelspec import KERNEL_ENV
+from .containers.spec import check_image_ref
+
+SOCKET_ENV = "HPCDL_ALLOCATION_FILE"
+
+
+def default_socket_path(job_id: str) -> str:
+    return os.path.expanduser(f"~/.jupyter-hpcdl/jobs/{job_id}/allocation.sock")
+
+
+def engine_srun_argv(ranks: int, nodes: int, image: str, connection_file: str, python: str = sys.executable,
+                     gpus_per_rank: int = 0) -> list[str]:
+    """srun that starts ``ranks`` ipyparallel engines spread block-wise over ``nodes`` nodes, each in the user's
+    container for ``image`` (created on first use), with its own GPU where there are GPUs."""
+    check_image_ref(image)
+    if ranks < 1 or nodes < 1 or ranks < nodes:
+        raise ValueError(f"need at least one rank per node: {ranks} ranks on {nodes} nodes")
+    if not os.path.isabs(connection_file) or "\n" in connection_file:
+        raise ValueError("the connection file must be an absolute path")
+    argv = ["srun", f"--ntasks={ranks}", f"--nodes={nodes}", "--distribution=block", "--kill-on-bad-exit=0",
+            "--job-name=hpcdl-engines"]
+    if gpus_per_rank:
+        argv.append(f"--gpus-per-task={gpus_per_rank}")
+    names = (*KERNEL_ENV, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+             "SLURM_STEP_NODELIST")
+    return argv + [python, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), image, "--",
+                   "python3", "-m", "ipyparallel.engine", f"--file={connection_file}", "--quiet"]
+
+
+def hostnames(nodelist: str) -> list[str]:
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+class AllocationOwner:
+    """Describe the current allocation and run engine steps in it."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None):
+        self.environ = dict(os.environ if environ is None else environ)
+        self.job_id = self.environ.get("SLURM_JOB_ID", "")
+        self._steps: list[subprocess.Popen] = []
+
+    def describe(self) -> dict:
+        if not self.job_id:
+            return {"job_id": None, "message": "not inside a batch job: engines start locally"}
+        nodes = hostnames(self.environ.get("SLURM_JOB_NODELIST", ""))
+        left = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%L|%P|%b"], capture_output=True, text=True)
+        time_left, partition, gres = (left.stdout.strip().split("|") + ["", "", ""])[:3]
+        return {"job_id": self.job_id, "nodes": nodes, "partition": partition, "gres": gres, "time_left": time_left,
+                "cuda_visible_devices": self.environ.get("CUDA_VISIBLE_DEVICES"),
+                "engine_steps": [{"pid": p.pid, "running": p.poll() is None} for p in self._steps]}
+
+    def start_engines(self, ranks: int, image: str, connection_file: str, gpus_per_rank: int = 0) -> dict:
+        if not self.job_id:
+            raise ValueError("not inside a batch job")
+        nodes = len(hostnames(self.environ["SLURM_JOB_NODELIST"]))
+        nodes = min(nodes, ranks)
+        argv = engine_srun_argv(ranks, nodes, image, connection_file, gpus_per_rank=gpus_per_rank)
+        log = open(os.path.join(os.path.dirname(connection_file), f"engines-{len(self._steps)}.log"), "ab")
+        step = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.environ)
+        self._steps.append(step)
+        return {"pid": step.pid, "argv": argv}
+
+    def stop_engines(self) -> int:
+        stopped = 0
+        for step in self._steps:
+            if step.poll() is None:
+                os.killpg(step.pid, signal.SIGTERM)
+                try:
+                    step.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(step.pid, signal.SIGKILL)
+                    step.wait()
+                stopped += 1
+        self._steps.clear()
+        return stopped
+
+
+def handle(owner: AllocationOwner, method: str, path: str, body: dict) -> tuple[int, dict]:
+    """The owner's tiny API (pure routing, so it is tested alone)."""
+    try:
+        if method == "GET" and path == "/allocation":
+            return 200, owner.describe()
+        if method == "POST" and path == "/engines":
+            ranks, image, conn = body.get("ranks"), body.get("image"), body.get("connection_file")
+            if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= 4096:
+                return 400, {"message": "ranks must be a whole number from 1 to 4096"}
+            if not isinstance(image, str) or not isinstance(conn, str):
+                return 400, {"message": "image and connection_file are required strings"}
+            return 201, owner.start_engines(ranks, image, conn, int(body.get("gpus_per_rank", 0)))
+        if method == "DELETE" and path == "/engines":
+            return 200, {"stopped": owner.stop_engines()}
+        return 404, {"message": f"no {method} {path}"}
+    except (ValueError, OSError, subprocess.CalledProcessError) as e:
+        return 400, {"message": str(e)}
+
+
+def request(socket_path: str, method: str, path: str, body: dict | None = None, timeout: float = 60) -> dict:
+    """Call the owner from a kernel (inside the container) over its Unix socket."""
+    import http.client
+    import socket as socketlib
+
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(socket_path)
+
+    conn = UnixConnection("localhost", timeout=timeout)
+    try:
+        conn.request(method, path, body=json.dumps(body or {}), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+    if resp.status >= 400:
+        raise RuntimeError(f"the allocation owner refused {method} {path}: {data.get('message')}")
+    return data

@@ -1,0 +1,54 @@
+"""Jupyter server extension: inside a batch job, run the allocation's owner (see allocation.py) on a Unix socket in
+the user's private job directory, so that kernels (inside containers) can ask it for engines."""
+from __future__ import annotations
+
+import json
+import os
+
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_unix_socket
+
+from .allocation import SOCKET_ENV, AllocationOwner, default_socket_path, handle
+
+
+class _OwnerHandler(web.RequestHandler):
+    def initialize(self, owner: AllocationOwner):
+        self.owner = owner
+
+    def _answer(self, method: str):
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            body = None
+        status, reply = handle(self.owner, method, self.request.path, body if isinstance(body, dict) else {})
+        self.set_status(status)
+        self.finish(json.dumps(reply))
+
+    def get(self):
+        self._answer("GET")
+
+    def post(self):
+        self._answer("POST")
+
+    def delete(self):
+        self._answer("DELETE")
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "jupyter_hpcdl.serverext"}]
+
+
+def _load_jupyter_server_extension(serverapp):
+    owner = AllocationOwner()
+    if not owner.job_id:
+        serverapp.log.info("jupyter_hpcdl: not inside a batch job; no allocation owner")
+        return
+    path = os.environ.get(SOCKET_ENV) or default_socket_path(owner.job_id)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.chmod(os.path.dirname(path), 0o700)
+    server = HTTPServer(web.Application([(r"/.*", _OwnerHandler, {"owner": owner})]))
+    server.add_socket(bind_unix_socket(path, mode=0o600))
+    os.environ[SOCKET_ENV] = path  # kernels started from now on find it (passed into containers by name)
+    serverapp.web_app.settings["hpcdl_allocation_owner"] = owner
+    serverapp.log.info("jupyter_hpcdl: allocation owner for job %s at %s", owner.job_id, path)
