@@ -29,7 +29,7 @@ class Slurm(Scheduler):
     def header(self, req: JobRequest, job_name: str, output: str, workdir: str) -> list[str]:
         gres = f"gpu:{req.gpu_type}:{req.gpus_per_node}" if req.gpu_type else f"gpu:{req.gpus_per_node}"
         lines = [f"--job-name={job_name}", f"--partition={req.partition}", f"--nodes={req.nodes}",
-                 "--ntasks-per-node=1", f"--gres={gres}", f"--time={req.walltime}", f"--output={output}",
+                 f"--ntasks-per-node={req.gpus_per_node}", f"--gres={gres}", f"--time={req.walltime}", f"--output={output}",
                  f"--chdir={workdir}"]
         if req.memory_gb:
             lines.append(f"--mem={req.memory_gb}G")

@@ -240,8 +240,10 @@ def up() -> dict:
     identity = image.build(CACHE / "image", VENV, REPO, config.REGISTRY, STATE / "image.json")
     for user in IMAGE_USERS:
         user_image(user, identity)
-    if prepare_hub() and hub().stop():
-        log("jupyterhub restarted: configuration changed")
+    changed = prepare_hub()
+    changed |= write_if_changed(STATE / "hub/package.json", json.dumps(identity) + "\n")  # the hub runs this code
+    if changed and hub().stop():
+        log("jupyterhub restarted: configuration or package changed")
     if hub().start():
         log("jupyterhub started")
     info = describe(identity)

@@ -12,7 +12,7 @@ HUB_PORT = 8000
 PARTITION = "gpu"
 
 
-def slurm_conf(state: Path, cpus: int = 2, memory_mb: int = 4000) -> str:
+def slurm_conf(state: Path, cpus: int = GPUS_PER_NODE, memory_mb: int = 4000) -> str:
     nodes = "\n".join(
         f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={cpus} RealMemory={memory_mb} "
         f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN" for n, p in NODES.items()
@@ -29,6 +29,8 @@ SlurmctldPidFile={state}/run/slurmctld.pid
 SlurmdPidFile={state}/run/slurmd-%n.pid
 SlurmctldLogFile={state}/log/slurmctld.log
 SlurmdLogFile={state}/log/slurmd-%n.log
+# Each node offers one CPU slot per GPU (one training rank per GPU), more than this machine's cores: trust the config.
+SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres

@@ -79,7 +79,7 @@ def test_script_is_exact_and_carries_no_secret():
 #SBATCH --job-name=jupyterhub-hpcdl
 #SBATCH --partition=gpu
 #SBATCH --nodes=2
-#SBATCH --ntasks-per-node=1
+#SBATCH --ntasks-per-node=2
 #SBATCH --gres=gpu:2
 #SBATCH --time=02:00:00
 #SBATCH --output=/home/alice/.jupyter-hpcdl/jobs/%j.log

@@ -1,7 +1,9 @@
 """Rank slots computed from the batch system's layout agree with Horovod's own plan."""
 import pytest
 
-from jupyter_hpcdl.world import Slot, expand_tasks_per_node, gloo_env, plan_slots, slurm_hosts, slurm_slot
+from jupyter_hpcdl.allocation import AllocationOwner, engine_srun_argv, handle
+from jupyter_hpcdl.world import (Slot, expand_tasks_per_node, gloo_env, hosts_from_tasks, plan_slots, slurm_hosts,
+                                 slurm_slot)
 
 hosts_mod = pytest.importorskip("horovod.runner.common.util.hosts")
 
@@ -36,3 +38,34 @@ def test_cyclic_distribution_is_refused_with_the_fix():
     env = {"SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "1", "SLURMD_NODENAME": "node2", "SLURM_LOCALID": "0"}
     with pytest.raises(ValueError, match="--distribution=block"):
         slurm_slot(env, ["node1", "node2"])
+
+
+def test_hosts_from_block_distributed_tasks():
+    assert hosts_from_tasks([(2, "node2"), (0, "node1"), (1, "node1"), (3, "node2")]) == [("node1", 2), ("node2", 2)]
+    with pytest.raises(ValueError, match="--distribution=block"):
+        hosts_from_tasks([(0, "node1"), (1, "node2"), (2, "node1")])
+
+
+def test_engine_step_runs_engines_in_the_container_one_gpu_each():
+    argv = engine_srun_argv(4, 2, "hpcdl/base:latest", "/home/a/.ipython/x-engine.json", python="/v/bin/python",
+                            gpus_per_rank=1)
+    assert argv[:7] == ["srun", "--ntasks=4", "--nodes=2", "--distribution=block", "--kill-on-bad-exit=0",
+                        "--job-name=hpcdl-engines", "--gpus-per-task=1"]
+    assert argv[7:11] == ["/v/bin/python", "-m", "jupyter_hpcdl.containers", "run"]
+    assert argv[-7:] == ["hpcdl/base:latest", "--", "python3", "-m", "ipyparallel.engine",
+                         "--file=/home/a/.ipython/x-engine.json", "--quiet"]
+    assert "--env=SLURM_PROCID" in argv and "--env=CUDA_VISIBLE_DEVICES" in argv
+    with pytest.raises(ValueError, match="one rank per node"):
+        engine_srun_argv(1, 2, "hpcdl/base:latest", "/x.json")
+    with pytest.raises(ValueError, match="image reference"):
+        engine_srun_argv(2, 1, "Bad Image", "/x.json")
+
+
+def test_owner_api_validates_and_says_what_is_wrong():
+    owner = AllocationOwner(environ={})
+    assert handle(owner, "GET", "/allocation", {})[1]["job_id"] is None
+    assert handle(owner, "POST", "/engines", {"ranks": "4", "image": "x", "connection_file": "/x"}) == (
+        400, {"message": "ranks must be a whole number from 1 to 4096"})
+    assert handle(owner, "POST", "/engines", {"ranks": 2, "image": "hpcdl/base:latest", "connection_file": "/x"}) == (
+        400, {"message": "not inside a batch job"})
+    assert handle(owner, "PUT", "/nope", {})[0] == 404
