@@ -122,3 +122,23 @@ def test_straggler_is_a_rank_clearly_slower_than_the_median():
     table = MetricsTable()
     assert table.add([{"rank": 0, "epoch": 1, "batch": 0, "time": 1, "step_time_s": 0.01},
                       {"rank": 0, "epoch": 1, "batch": 0, "time": 1, "step_time_s": 0.01}]) == 1
+
+
+def test_rescale_keeps_the_model_state(session):
+    before = session.fit(epochs=1).weights
+    after = session.rescale(1)
+    assert [r["weights"] for r in after] == [before] and len(session.world) == 1
+    assert session.fit(epochs=1).epochs_done > 0
+
+
+def test_scaling_experiment_gives_throughput_speedup_efficiency(tmp_path):
+    import pandas as pd
+
+    with TrainingSession(ranks=1) as s:
+        s.setup(digits_model, digits_shard, loss=logits_loss(), lr=0.1)
+        table = s.scaling([1, 2], epochs=1, mode="weak", csv=str(tmp_path / "scaling.csv"), plot=str(tmp_path / "scaling.png"))
+    assert list(table["ranks"]) == [1, 2]
+    assert (table["throughput"] > 0).all() and table.loc[0, "speedup"] == 1.0
+    assert table["efficiency"].tolist() == pytest.approx((table["speedup"] / table["ideal"]).tolist())
+    assert pd.read_csv(tmp_path / "scaling.csv").shape == table.shape
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"

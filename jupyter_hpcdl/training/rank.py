@@ -126,6 +126,10 @@ def fit(epochs: int, stop_file: str, publish_every: int = 1) -> dict:
             "stopped": stopped, "epochs_done": _STATE["epochs_done"], "weights": weights_digest()}
 
 
+def shard_size() -> dict:
+    return {"rank": _STATE["hvd"].rank(), "samples": len(_STATE["x"])}
+
+
 def weights_digest() -> str:
     h = hashlib.sha256()
     for w in _STATE["model"].get_weights():

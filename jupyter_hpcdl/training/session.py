@@ -134,6 +134,14 @@ class TrainingSession:
     def close(self) -> None:
         """Leave the world, stop the engines and the rendezvous; nothing is left running."""
         try:
+            self._stop_world()
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _stop_world(self) -> None:
+        """End the current world: leave Horovod, stop the engines (and ask the allocation's owner to), the
+        controller and the rendezvous."""
+        try:
             if self._client is not None:
                 try:
                     self._view.apply_sync(rank_side.leave)
@@ -151,7 +159,6 @@ class TrainingSession:
             if self._rendezvous is not None:
                 self._rendezvous.stop()
             self._cluster = self._client = self._rendezvous = None
-            shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "TrainingSession":
         self.start()
@@ -163,7 +170,56 @@ class TrainingSession:
     # -- training ----------------------------------------------------------------------------------------------------
     def setup(self, model_fn, data_fn, loss, metrics=(), lr: float = 0.01, batch_size: int = 32) -> list[dict]:
         """Build ``model_fn()`` on every rank with ``data_fn(rank, size) -> (x, y)`` as its shard."""
-        return self._all(rank_side.build, model_fn, data_fn, loss, tuple(metrics), lr, batch_size)
+        self._setup = (model_fn, data_fn, loss, tuple(metrics), lr, batch_size)
+        return self._all(rank_side.build, *self._setup)
+
+    def rescale(self, ranks: int) -> list[dict]:
+        """Continue with ``ranks`` ranks: the model's state goes through a checkpoint into a new world."""
+        if not getattr(self, "_setup", None):
+            raise RuntimeError("nothing to rescale yet: call setup() first")
+        path = os.path.join(self._dir, "rescale.npz")
+        self.checkpoint(path)
+        self._stop_world()
+        self.ranks = ranks
+        self.start()
+        self._all(rank_side.build, *self._setup)
+        return self.resume(path)
+
+    def scaling(self, ranks: list[int], epochs: int = 1, mode: str = "strong", csv: str | None = None,
+                plot: str | None = None):
+        """Train the same configuration on each rank count and measure throughput (samples/s over all ranks),
+        speedup against the smallest count, and efficiency against ideal scaling. ``mode="weak"`` keeps each
+        rank's shard the same size as at the smallest count (more ranks, more data); "strong" splits the same
+        data. Returns a pandas DataFrame (and writes ``csv`` and a ``plot`` PNG when given)."""
+        import pandas as pd
+
+        if mode not in ("strong", "weak"):
+            raise ValueError("mode must be 'strong' or 'weak'")
+        model_fn, data_fn, *rest = self._setup
+        base = min(ranks)
+        rows = []
+        for n in ranks:
+            shard = data_fn if mode == "strong" else _weak_shard(data_fn, base)
+            self._stop_world()
+            self.ranks = n
+            self.start()
+            self._all(rank_side.build, model_fn, shard, *rest)
+            self.fit(epochs=1)  # warm-up: tracing and first-epoch costs stay out of the figures
+            result = self.fit(epochs=epochs)
+            samples = sum(r["samples"] for r in self._all(rank_side.shard_size)) * epochs
+            rows.append({"ranks": n, "seconds": result.seconds, "throughput": samples / result.seconds})
+        table = pd.DataFrame(rows)
+        first = table.loc[table["ranks"] == base, "throughput"].iloc[0]
+        table["speedup"] = table["throughput"] / first
+        table["ideal"] = table["ranks"] / base
+        table["efficiency"] = table["speedup"] / table["ideal"]
+        table["mode"] = mode
+        if csv:
+            table.to_csv(csv, index=False)
+        if plot:
+            _plot_scaling(table, plot)
+        return table
+
 
     def fit(self, epochs: int = 1, publish_every: int = 1, on_metrics=None, poll: float = 0.2) -> FitResult:
         """Train ``epochs`` more epochs on all ranks, streaming metrics into :attr:`metrics` (and ``on_metrics``)."""
@@ -228,6 +284,38 @@ class TrainingSession:
             if e == engine:
                 return str(r)
         return f"(engine {engine})"
+
+
+def _weak_shard(data_fn, base: int):
+    """Weak scaling: every rank gets as much data as a rank had at ``base`` ranks (shards repeat as needed)."""
+
+    def shard(rank: int, size: int):
+        return data_fn(rank % base, base)
+
+    return shard
+
+
+def _plot_scaling(table, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax1.plot(table["ranks"], table["speedup"], "o-", label="measured")
+    ax1.plot(table["ranks"], table["ideal"], "--", color="grey", label="ideal")
+    ax1.set_xlabel("ranks")
+    ax1.set_ylabel("speedup")
+    ax1.legend()
+    ax2.plot(table["ranks"], table["efficiency"], "o-")
+    ax2.axhline(1.0, ls="--", color="grey")
+    ax2.set_ylim(0, 1.1)
+    ax2.set_xlabel("ranks")
+    ax2.set_ylabel("efficiency")
+    fig.suptitle(f"{table['mode'].iloc[0]} scaling")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _slurm_task() -> tuple[int, str]:
