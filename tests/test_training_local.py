@@ -124,6 +124,24 @@ def test_straggler_is_a_rank_clearly_slower_than_the_median():
                       {"rank": 0, "epoch": 1, "batch": 0, "time": 1, "step_time_s": 0.01}]) == 1
 
 
+def test_a_killed_rank_is_reported_within_seconds_and_training_recovers(session, tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    checkpoint = session.checkpoint(str(tmp_path / "before-crash.npz"))
+    victim = next(w for w in session.world if w["rank"] == 1)["pid"]
+    threading.Timer(2.0, os.kill, (victim, signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    with pytest.raises(RankError, match=r"rank\(s\) 1 died during fit"):
+        session.fit(epochs=100)
+    assert time.monotonic() - t0 < 2.0 + 10, "the death was not reported within seconds"
+    restored = session.recover(checkpoint)
+    assert len({r["weights"] for r in restored}) == 1 and len(session.world) == 2
+    assert session.fit(epochs=1).epochs_done > 0
+
+
 def test_rescale_keeps_the_model_state(session):
     before = session.fit(epochs=1).weights
     after = session.rescale(1)

@@ -173,6 +173,21 @@ class TrainingSession:
         self._setup = (model_fn, data_fn, loss, tuple(metrics), lr, batch_size)
         return self._all(rank_side.build, *self._setup)
 
+    def dead_ranks(self) -> list[int]:
+        """Ranks whose engine has gone (the controller is told at once by the engine's nanny)."""
+        alive = set(self._client.ids) if self._client is not None else set()
+        return sorted(r for r, e in getattr(self, "_engine_of", {}).items() if e not in alive)
+
+    def recover(self, checkpoint: str, ranks: int | None = None) -> list[dict]:
+        """After a rank died: a new world (of ``ranks`` ranks, default as before) continues from ``checkpoint``."""
+        if not getattr(self, "_setup", None):
+            raise RuntimeError("nothing to recover: call setup() first")
+        self._stop_world()
+        self.ranks = ranks or self.ranks
+        self.start()
+        self._all(rank_side.build, *self._setup)
+        return self.resume(checkpoint)
+
     def rescale(self, ranks: int) -> list[dict]:
         """Continue with ``ranks`` ranks: the model's state goes through a checkpoint into a new world."""
         if not getattr(self, "_setup", None):
@@ -229,6 +244,11 @@ class TrainingSession:
         ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every)
         while not ar.ready():
             self._collect(ar, on_metrics)
+            dead = self.dead_ranks()
+            if dead:  # the others wait in a collective that will never complete: end the world now
+                self._stop_world()
+                raise RankError(f"rank(s) {', '.join(map(str, dead))} died during fit; this world is gone: "
+                                "recover(checkpoint) starts a new one from the last checkpoint")
             time.sleep(poll)
         self._collect(ar, on_metrics)
         results = self._get(ar, "fit")
