@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Iterable, Mapping
 
 import pandas as pd
 
-COLUMNS = ("rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s", "memory_mb", "time")
+COLUMNS = ("rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s", "memory_mb", "time", "arrived")
 
 
 def straggler_ranks(step_times: Mapping[int, float], factor: float = 1.5) -> list[int]:
@@ -34,7 +35,7 @@ class MetricsTable:
             if self._seen.get(rec["rank"]) == key:
                 continue
             self._seen[rec["rank"]] = key
-            self._rows.append({c: rec.get(c) for c in COLUMNS})
+            self._rows.append({**{c: rec.get(c) for c in COLUMNS}, "arrived": time.time()})
             added += 1
         return added
 

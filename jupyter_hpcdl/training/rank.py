@@ -65,7 +65,7 @@ def build(model_fn, data_fn, loss, metrics, lr: float, batch_size: int) -> dict:
     return {"rank": hvd.rank(), "samples": len(x)}
 
 
-def _callbacks(stop_file: str, publish_every: int):
+def _callbacks(stop_file: str, publish_every: int, check_every: int):
     import horovod.tensorflow as hvd_tf
     import psutil
     import tensorflow as tf
@@ -93,10 +93,12 @@ def _callbacks(stop_file: str, publish_every: int):
                               "memory_mb": process.memory_info().rss / 2**20})
 
     class StopWhenAsked(tf.keras.callbacks.Callback):
-        """Every rank checks the stop file after each batch, and all agree (max over ranks) before stopping, so
-        the ranks leave fit at the same batch and the world stays in step."""
+        """Every ``check_every`` batches each rank checks the stop file, and all agree (max over ranks) before
+        stopping, so the ranks leave fit at the same batch and the world stays in step."""
 
         def on_train_batch_end(self, batch, logs=None):
+            if batch % check_every:  # the same batches on every rank, so the collective stays matched
+                return
             asked = 1.0 if os.path.exists(stop_file) else 0.0
             if float(hvd_tf.allreduce(tf.constant(asked), op=hvd_tf.Max, name="hpcdl.stop")) > 0:
                 raise TrainingStopped(f"stopped in epoch {_STATE['epochs_done'] + 1} after batch {batch}")
@@ -108,11 +110,11 @@ def _callbacks(stop_file: str, publish_every: int):
     return [Publisher(), StopWhenAsked(), hvd.callbacks.MetricAverageCallback(), CountEpochs()]
 
 
-def fit(epochs: int, stop_file: str, publish_every: int = 1) -> dict:
+def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 20) -> dict:
     """Train ``epochs`` more epochs; return this rank's history, whether it was stopped, and a weights digest."""
     hvd = _STATE["hvd"]
     model = _STATE["model"]
-    callbacks = _callbacks(stop_file, publish_every)
+    callbacks = _callbacks(stop_file, publish_every, check_every)
     if not _STATE["broadcast_done"]:
         callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
         _STATE["broadcast_done"] = True

@@ -52,7 +52,7 @@ class FitResult:
 class TrainingSession:
     def __init__(self, ranks: int = 2, iface: str | None = None, tf_threads: int = 1, env: dict | None = None,
                  engine_cmd: list[str] | None = None, start_timeout: float = 120, where: str = "auto",
-                 image: str = "hpcdl/base:latest", controller_ip: str | None = None):
+                 image: str = "hpcdl/base:latest", controller_ip: str | None = None, containers: bool = False):
         """``where``: "local" (engines on this machine), "allocation" (one engine per rank across the nodes of the
         batch job this kernel runs in, each in the user's container for ``image``), or "auto" (the allocation when
         the job's owner is reachable, else local)."""
@@ -64,7 +64,7 @@ class TrainingSession:
         self.controller_ip = controller_ip
         self.iface = iface
         self.env = {"TF_CPP_MIN_LOG_LEVEL": "2", "HPCDL_TF_THREADS": str(tf_threads), **(env or {})}
-        self.engine_cmd = engine_cmd
+        self.engine_cmd = engine_cmd or (container_engine_cmd(image) if containers else None)
         self.start_timeout = start_timeout
         self.metrics_table = MetricsTable()
         self.world: list[dict] = []
@@ -108,7 +108,9 @@ class TrainingSession:
     def _start_local(self):
         kwargs = {}
         if self.engine_cmd:
-            kwargs["config"] = {"LocalEngineSetLauncher": {"engine_cmd": self.engine_cmd}}
+            from traitlets.config import Config
+
+            kwargs["config"] = Config({"LocalEngineSetLauncher": {"engine_cmd": list(self.engine_cmd)}})
         self._cluster = ipp.Cluster(n=self.ranks, log_level=40, **kwargs)
         self._client = self._cluster.start_and_connect_sync()
         self._client.wait_for_engines(self.ranks, timeout=self.start_timeout)
@@ -236,12 +238,14 @@ class TrainingSession:
         return table
 
 
-    def fit(self, epochs: int = 1, publish_every: int = 1, on_metrics=None, poll: float = 0.2) -> FitResult:
-        """Train ``epochs`` more epochs on all ranks, streaming metrics into :attr:`metrics` (and ``on_metrics``)."""
+    def fit(self, epochs: int = 1, publish_every: int = 5, on_metrics=None, poll: float = 0.1,
+            stop_check_every: int = 20) -> FitResult:
+        """Train ``epochs`` more epochs on all ranks, streaming metrics (every ``publish_every`` batches) into
+        :attr:`metrics` and ``on_metrics``; the ranks look for a stop request every ``stop_check_every`` batches."""
         if os.path.exists(self.stop_file):
             os.unlink(self.stop_file)
         t0 = time.perf_counter()
-        ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every)
+        ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every, stop_check_every)
         while not ar.ready():
             self._collect(ar, on_metrics)
             dead = self.dead_ranks()
@@ -304,6 +308,18 @@ class TrainingSession:
             if e == engine:
                 return str(r)
         return f"(engine {engine})"
+
+
+def container_engine_cmd(image: str) -> list[str]:
+    """A local engine started in the user's container for ``image``; ipyparallel tells engines their cluster through
+    these variables, which must be passed into the container by name."""
+    import sys
+
+    from ..containers.kernelspec import KERNEL_ENV
+
+    names = ("IPP_CLUSTER_ID", "IPP_PROFILE_DIR", "IPP_CONNECTION_INFO", *KERNEL_ENV)
+    return [sys.executable, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), image, "--",
+            "python3", "-m", "ipyparallel.engine"]
 
 
 def _weak_shard(data_fn, base: int):
