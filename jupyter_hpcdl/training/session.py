@@ -30,6 +30,8 @@ from .metrics import MetricsTable
 class RankError(RuntimeError):
     """One or more ranks raised; the message names each rank and its error."""
 
+    engine_died = False
+
 
 class WorldDiverged(RuntimeError):
     """The ranks' weights differ after training: gradients were not averaged."""
@@ -175,6 +177,18 @@ class TrainingSession:
         self._setup = (model_fn, data_fn, loss, tuple(metrics), lr, batch_size)
         return self._all(rank_side.build, *self._setup)
 
+    def _raise_if_dead(self, what: str, wait: float = 0) -> None:
+        deadline = time.monotonic() + wait
+        while True:
+            dead = self.dead_ranks()
+            if dead or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if dead:
+            self._stop_world()
+            raise RankError(f"rank(s) {', '.join(map(str, dead))} died during {what}; this world is gone: "
+                            "recover(checkpoint) starts a new one from the last checkpoint")
+
     def dead_ranks(self) -> list[int]:
         """Ranks whose engine has gone (the controller is told at once by the engine's nanny)."""
         alive = set(self._client.ids) if self._client is not None else set()
@@ -248,14 +262,15 @@ class TrainingSession:
         ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every, stop_check_every)
         while not ar.ready():
             self._collect(ar, on_metrics)
-            dead = self.dead_ranks()
-            if dead:  # the others wait in a collective that will never complete: end the world now
-                self._stop_world()
-                raise RankError(f"rank(s) {', '.join(map(str, dead))} died during fit; this world is gone: "
-                                "recover(checkpoint) starts a new one from the last checkpoint")
+            self._raise_if_dead("fit")  # the others wait in a collective that will never complete
             time.sleep(poll)
         self._collect(ar, on_metrics)
-        results = self._get(ar, "fit")
+        try:
+            results = self._get(ar, "fit")
+        except RankError as e:
+            if e.engine_died:  # the survivors' errors follow from a death: report the death
+                self._raise_if_dead("fit", wait=5)
+            raise
         digests = {r["rank"]: r["weights"] for r in results}
         if len(set(digests.values())) != 1:
             raise WorldDiverged(f"ranks hold different weights after training ({digests}): gradients were not averaged")
@@ -298,7 +313,9 @@ class TrainingSession:
             return ar.get()
         except ipp.error.CompositeError as e:
             lines = [f"rank {self._rank_of(info)}: {name}: {message}" for name, message, _tb, info in e.elist]
-            raise RankError(f"{what} failed on " + "; ".join(sorted(lines))) from None
+            error = RankError(f"{what} failed on " + "; ".join(sorted(lines)))
+            error.engine_died = any(name == "EngineError" for name, *_ in e.elist)
+            raise error from None
         except ipp.error.RemoteError as e:
             raise RankError(f"{what} failed: {e.ename}: {e.evalue}") from None
 
