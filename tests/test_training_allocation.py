@@ -2,33 +2,23 @@
 container): the ranks start as engines in her container on node1 and node2 through the allocation's owner (srun on
 the host side), one per GPU, join one Horovod world over Gloo, and train on real data; the loss falls and metrics
 arrive from every rank."""
+import inspect
 import json
 
 import pytest
 
+import workloads
 from hubclient import Hub
 
 pytestmark = pytest.mark.testbed
 
-KERNEL_CODE = """
-import json, time
-from jupyter_hpcdl.training import TrainingSession
-
-def model():
-    import tensorflow as tf
-    return tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
-                                tf.keras.layers.Dense(10)])
-
-def shard(rank, size):
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    return (x[rank::size] / 16.0).astype("float32"), y[rank::size]
-
+KERNEL_CODE = "import json\nfrom jupyter_hpcdl.training import TrainingSession\n" + \
+    inspect.getsource(workloads) + """
 session = TrainingSession(ranks=4, where="allocation")
 try:
     world = session.start()
     import tensorflow as tf
-    session.setup(model, shard, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), lr=0.1)
+    session.setup(digits_model, digits_shard, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), lr=0.1)
     first = session.fit(epochs=2)
     more = session.fit(epochs=1)
     print(json.dumps({"world": [{k: w[k] for k in ("rank", "size", "node", "cuda_visible_devices")} for w in world],

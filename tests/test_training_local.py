@@ -11,23 +11,12 @@ from jupyter_hpcdl.training.checkpoint import atomic_write
 from jupyter_hpcdl.training.metrics import MetricsTable, straggler_ranks
 from jupyter_hpcdl.training.rank import keras_problem
 
+import workloads
+from workloads import digits_model, digits_shard
+
 pytest.importorskip("horovod.tensorflow.keras")
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as functions defined in a notebook travel
-
-
-def digits_model():
-    import tensorflow as tf
-    return tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
-                                tf.keras.layers.Dense(10)])
-
-
-def digits_shard(rank, size):
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    return (x[rank::size] / 16.0).astype("float32"), y[rank::size]
-
-
-LOSS = "sparse_categorical_crossentropy"
+cloudpickle.register_pickle_by_value(workloads)
 
 
 def logits_loss():
