@@ -82,3 +82,38 @@ def test_hub_is_up_behind_the_proxy(bed):
     with urllib.request.urlopen(req, timeout=10) as resp:
         names = {u["name"] for u in json.load(resp)}
     assert set(bed["users"]) <= names
+
+
+TRAIN_SCRIPT = '''
+import hashlib, json, os
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+from sklearn.datasets import load_digits
+hvd.init()
+tf.keras.utils.set_random_seed(1234)
+x, y = load_digits(return_X_y=True)
+x, y = (x[hvd.rank()::hvd.size()] / 16.0).astype("float32"), y[hvd.rank()::hvd.size()]
+model = tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
+                             tf.keras.layers.Dense(10)])
+model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
+              loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), experimental_run_tf_function=False)
+h = model.fit(x, y, batch_size=32, epochs=3, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+digest = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()
+print(json.dumps({"rank": hvd.rank(), "node": os.environ.get("SLURMD_NODENAME"), "loss": h.history["loss"],
+                  "weights": digest}), flush=True)
+'''
+
+
+def test_batch_mode_trains_a_script_across_nodes_in_containers(bed, alice, alice_dir):
+    """The batch workflow: the same kind of training script, submitted with sbatch, ranks in containers over Gloo."""
+    script = alice.write(alice_dir / "train.py", TRAIN_SCRIPT)
+    job = alice.write(alice_dir / "train.sh", f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:1 --time=10 --output={alice_dir}/train.out
+hpcdl-launch --image={bed['image']} -e TF_CPP_MIN_LOG_LEVEL -- python3 {script}
+""")
+    alice.run("sbatch", "--wait", str(job), check=True, timeout=400)
+    ranks = sorted(_json_lines((alice_dir / "train.out").read_text()), key=lambda r: r["rank"])
+    assert [(r["rank"], r["node"]) for r in ranks] == [(0, "node1"), (1, "node2")]
+    assert ranks[0]["weights"] == ranks[1]["weights"], "gradients were not averaged"
+    assert ranks[0]["loss"][-1] < ranks[0]["loss"][0]
