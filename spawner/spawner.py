@@ -90,7 +90,9 @@ class HpcdlSpawner(Spawner):
     # -- pieces ----------------------------------------------------------------------------------------------------
     @property
     def scheduler(self) -> Scheduler:
-        return load_scheduler(self.profile.scheduler)
+        if getattr(self, "_scheduler", None) is None or self._scheduler.name != self.profile.scheduler:
+            self._scheduler = load_scheduler(self.profile.scheduler)
+        return self._scheduler
 
     @property
     def queue(self) -> JobQueue:
