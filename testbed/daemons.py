@@ -53,8 +53,16 @@ class Daemon:
     extra: dict = field(default_factory=dict)
 
     def pid(self) -> int | None:
+        """The recorded pid, if that process is alive and is this daemon (a pid file left by a killed daemon may
+        name a pid that another process has since taken)."""
         pid = read_pid(self.pidfile)
-        return pid if pid and alive(pid) else None
+        if not pid or not alive(pid):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return None
+        return pid if Path(self.argv[0]).name in cmdline else None
 
     def start(self) -> bool:
         """Start unless running; return whether it was started now."""
