@@ -11,21 +11,11 @@ import socket
 import subprocess
 import sys
 
-import psutil
-
 from .containers.site import load_site
-from .world import Slot, gloo_env, slurm_hosts, slurm_slot
+from .world import Slot, gloo_env, iface_for, slurm_hosts, slurm_slot
 
 GLOO_NAMES = tuple(gloo_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
 PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME")
-
-
-def iface_for(addr: str) -> str:
-    """The network interface that holds ``addr`` (Gloo binds there)."""
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == addr for a in addrs):
-            return name
-    raise ValueError(f"no network interface holds {addr}: give --iface")
 
 
 def node_hostnames(nodelist: str) -> list[str]:

@@ -88,3 +88,13 @@ def hosts_from_tasks(tasks: Sequence[tuple[int, str]]) -> list[tuple[str, int]]:
         else:
             hosts.append((host, 1))
     return hosts
+
+
+def iface_for(addr: str) -> str:
+    """The network interface that holds ``addr`` (Gloo binds there)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == addr for a in addrs):
+            return name
+    raise ValueError(f"no network interface holds {addr}: give the interface explicitly")

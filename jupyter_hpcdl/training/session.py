@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import ipyparallel as ipp
 
 from ..allocation import SOCKET_ENV, request
-from ..world import gloo_env, hosts_from_tasks, plan_slots
+from ..world import gloo_env, hosts_from_tasks, iface_for, plan_slots
 from . import rank as rank_side
 from .metrics import MetricsTable
 
@@ -93,7 +93,7 @@ class TrainingSession:
             engines, hosts, addr = self._start_in_allocation()
         else:
             engines, hosts, addr = self._start_local()
-        iface = self.iface or _iface_for(addr)
+        iface = self.iface or iface_for(addr)
         self._rendezvous = RendezvousServer(verbose=0)
         port = self._rendezvous.start()
         self._rendezvous.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in hosts)), self.ranks))
@@ -196,25 +196,22 @@ class TrainingSession:
 
     def recover(self, checkpoint: str, ranks: int | None = None) -> list[dict]:
         """After a rank died: a new world (of ``ranks`` ranks, default as before) continues from ``checkpoint``."""
-        if not getattr(self, "_setup", None):
-            raise RuntimeError("nothing to recover: call setup() first")
-        self._stop_world()
-        self.ranks = ranks or self.ranks
-        self.start()
-        self._all(rank_side.build, *self._setup)
+        self._new_world(ranks or self.ranks)
         return self.resume(checkpoint)
 
-    def rescale(self, ranks: int) -> list[dict]:
-        """Continue with ``ranks`` ranks: the model's state goes through a checkpoint into a new world."""
+    def _new_world(self, ranks: int, data_fn=None) -> None:
+        """End the current world and build the same model in a new one of ``ranks`` ranks."""
         if not getattr(self, "_setup", None):
-            raise RuntimeError("nothing to rescale yet: call setup() first")
-        path = os.path.join(self._dir, "rescale.npz")
-        self.checkpoint(path)
+            raise RuntimeError("no model yet: call setup() first")
+        model_fn, setup_data_fn, *rest = self._setup
         self._stop_world()
         self.ranks = ranks
         self.start()
-        self._all(rank_side.build, *self._setup)
-        return self.resume(path)
+        self._all(rank_side.build, model_fn, data_fn or setup_data_fn, *rest)
+
+    def rescale(self, ranks: int) -> list[dict]:
+        """Continue with ``ranks`` ranks: the model's state goes through a checkpoint into a new world."""
+        return self.recover(self.checkpoint(os.path.join(self._dir, "rescale.npz")), ranks)
 
     def scaling(self, ranks: list[int], epochs: int = 1, mode: str = "strong", csv: str | None = None,
                 plot: str | None = None):
@@ -226,15 +223,11 @@ class TrainingSession:
 
         if mode not in ("strong", "weak"):
             raise ValueError("mode must be 'strong' or 'weak'")
-        model_fn, data_fn, *rest = self._setup
+        data_fn = self._setup[1]
         base = min(ranks)
         rows = []
         for n in ranks:
-            shard = data_fn if mode == "strong" else _weak_shard(data_fn, base)
-            self._stop_world()
-            self.ranks = n
-            self.start()
-            self._all(rank_side.build, model_fn, shard, *rest)
+            self._new_world(n, data_fn if mode == "strong" else _weak_shard(data_fn, base))
             self.fit(epochs=1)  # warm-up: tracing and first-epoch costs stay out of the figures
             result = self.fit(epochs=epochs)
             samples = sum(r["samples"] for r in self._all(rank_side.shard_size)) * epochs
@@ -376,12 +369,3 @@ def _slurm_task() -> tuple[int, str]:
     import os
 
     return int(os.environ["SLURM_PROCID"]), os.environ["SLURMD_NODENAME"]
-
-
-def _iface_for(addr: str) -> str:
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == addr for a in addrs):
-            return name
-    raise RuntimeError(f"no network interface holds {addr}: give TrainingSession(iface=...)")
