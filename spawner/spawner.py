@@ -171,6 +171,12 @@ class HpcdlSpawner(Spawner):
             if session is not None:
                 session.commit()
 
+    def _forget_job(self, why: str) -> None:
+        """The job is over: keep why (shown on the next form), drop the rest, and commit at once."""
+        self.last_end = why
+        self.job_id, self.job_port, self.token_sha = "", 0, ""
+        self._save_state()
+
     # -- the callback ----------------------------------------------------------------------------------------------
     def accept_port(self, digest: str, port: int) -> bool:
         """Called by the callback handler: record ``port`` if ``digest`` is this server's token and its job runs."""
@@ -255,9 +261,7 @@ class HpcdlSpawner(Spawner):
                 + (f", exit code {info.exit_code}" if info.exit_code else "")) if info else \
             f"job {self.job_id} is no longer known to the scheduler"
         tail = self._log_tail()
-        self.last_end = what
-        self.job_id, self.job_port, self.token_sha = "", 0, ""
-        self._save_state()
+        self._forget_job(what)
         return what + (f"\nLast lines of its log ({self.log_path(info.job_id if info else '')}):\n{tail}" if tail else "")
 
     def _log_tail(self) -> str:
@@ -326,6 +330,4 @@ class HpcdlSpawner(Spawner):
             await asyncio.sleep(0.5)
         else:
             raise RuntimeError(f"job {job_id} is still in the queue 60 s after scancel")
-        self.last_end = f"job {job_id} cancelled when the server was stopped"
-        self.job_id, self.job_port, self.token_sha = "", 0, ""
-        self._save_state()
+        self._forget_job(f"job {job_id} cancelled when the server was stopped")

@@ -202,11 +202,9 @@ def user_image(user: str, identity: dict) -> None:
     container = r.stdout.strip()
     # Containers of earlier builds of the same image only take space: remove them.
     prefix = container.rsplit("-", 1)[0] + "-"
-    listing = as_user(user, str(VENV / "bin/udocker"), "-q", "ps").stdout
-    for line in listing.splitlines():
-        for name in (n.strip(" '") for n in line.partition("[")[2].partition("]")[0].split(",")):
-            if name.startswith(prefix) and name != container:
-                as_user(user, cli, "rm", name)
+    for name in as_user(user, cli, "ps").stdout.split():
+        if name.startswith(prefix) and name != container:
+            as_user(user, cli, "rm", name)
     stamp.write_text(json.dumps(identity) + "\n")
 
 

@@ -16,6 +16,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--site", help="site configuration file (default: $HPCDL_SITE_CONFIG or /etc/jupyter-hpcdl/site.json)")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("images", help="list your images")
+    sub.add_parser("ps", help="list your containers")
     s = sub.add_parser("pull", help="pull an image from the site's registry")
     s.add_argument("image")
     s.add_argument("--registry", help="registry URL (default: the site's)")
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         ud = site.client()
         if args.cmd == "images":
             print("\n".join(ud.images()))
+        elif args.cmd == "ps":
+            print("\n".join(ud.containers()))
         elif args.cmd == "pull":
             ud.pull(args.image, args.registry or site.registry)
         elif args.cmd == "load":
