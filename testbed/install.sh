@@ -40,6 +40,7 @@ if [[ ! -x $venv/bin/python || $(cat "$venv/.hpcdl-stamp" 2>/dev/null) != "$stam
   echo "$stamp" >"$venv/.hpcdl-stamp"
 fi
 # The project itself, always (it is small): not editable, so users and containers never read the checkout.
+bash "$repo/labextension/build.sh"
 "$venv/bin/python" -m pip --disable-pip-version-check -q install --no-build-isolation --no-deps --force-reinstall "$repo"
 
 if [[ ! -x $prefix/node/bin/configurable-http-proxy ]]; then

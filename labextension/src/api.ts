@@ -1,0 +1,130 @@
+/**
+ * The one server endpoint the front end reads: GET <baseUrl>jupyter-hpcdl/allocation.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** What a training session of the notebook is doing. */
+export type SessionState =
+  | 'none'
+  | 'starting'
+  | 'idle'
+  | 'training'
+  | 'stopped'
+  | 'failed';
+
+/** One rank (one engine process) of the training world. */
+export interface IRank {
+  rank: number;
+  node: string;
+  gpu: string | null;
+  state: string;
+  straggler: boolean;
+  loss: number | null;
+  samples_per_s: number | null;
+}
+
+/** The server's answer outside a batch job. */
+export interface INotInJob {
+  in_job: false;
+  message: string;
+}
+
+/** The server's answer inside a batch job. */
+export interface IInJob {
+  in_job: true;
+  job_id: string;
+  partition: string | null;
+  nodes: string[];
+  gpus_per_node: number | null;
+  gres: string | null;
+  /** Scheduler's own text, e.g. "3:58:12" or "UNLIMITED". */
+  time_left: string | null;
+  /** Seconds left, or null when unknown or unlimited. */
+  time_left_s: number | null;
+  ranks: IRank[];
+  session: SessionState;
+}
+
+export type Allocation = INotInJob | IInJob;
+
+/** An error the panel shows as text. */
+export class AllocationError extends Error {}
+
+/**
+ * Fetch the allocation. Rejects with an AllocationError whose message is fit
+ * to show to the user.
+ */
+export async function fetchAllocation(
+  settings: ServerConnection.ISettings
+): Promise<Allocation> {
+  const url = URLExt.join(settings.baseUrl, 'jupyter-hpcdl', 'allocation');
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, {}, settings);
+  } catch (error) {
+    throw new AllocationError(
+      `Cannot reach the server: ${(error as Error).message}`
+    );
+  }
+  const text = await response.text();
+  let body: unknown = undefined;
+  try {
+    body = text ? JSON.parse(text) : undefined;
+  } catch {
+    // not JSON (e.g. an HTML error page): reported below by status
+  }
+  if (!response.ok) {
+    const message =
+      isObject(body) && typeof body.message === 'string' && body.message
+        ? body.message
+        : `${response.status} ${response.statusText}`.trim();
+    throw new AllocationError(`Allocation endpoint: ${message}`);
+  }
+  if (!isObject(body) || typeof body.in_job !== 'boolean') {
+    throw new AllocationError('Allocation endpoint: unexpected answer');
+  }
+  if (!body.in_job) {
+    return {
+      in_job: false,
+      message: String(body.message ?? 'Not in a batch job.')
+    };
+  }
+  return {
+    in_job: true,
+    job_id: String(body.job_id ?? ''),
+    partition: optString(body.partition),
+    nodes: Array.isArray(body.nodes) ? body.nodes.map(String) : [],
+    gpus_per_node: optNumber(body.gpus_per_node),
+    gres: optString(body.gres),
+    time_left: optString(body.time_left),
+    time_left_s: optNumber(body.time_left_s),
+    ranks: Array.isArray(body.ranks) ? body.ranks.map(toRank) : [],
+    session: (optString(body.session) ?? 'none') as SessionState
+  };
+}
+
+function toRank(raw: unknown): IRank {
+  const r = isObject(raw) ? raw : {};
+  return {
+    rank: Number(r.rank ?? -1),
+    node: String(r.node ?? ''),
+    gpu: optString(r.gpu),
+    state: String(r.state ?? ''),
+    straggler: r.straggler === true,
+    loss: optNumber(r.loss),
+    samples_per_s: optNumber(r.samples_per_s)
+  };
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function optString(value: unknown): string | null {
+  return value === null || value === undefined ? null : String(value);
+}
+
+function optNumber(value: unknown): number | null {
+  return typeof value === 'number' && Number.isFinite(value) ? value : null;
+}
