@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +43,53 @@ def engine_srun_argv(ranks: int, nodes: int, image: str, connection_file: str, p
                    "python3", "-m", "ipyparallel.engine", f"--file={connection_file}", "--quiet"]
 
 
+SESSION_STATES = ("none", "starting", "idle", "training", "stopped", "failed")
+RANK_FIELDS = {"rank": int, "node": str, "gpu": str, "state": str, "straggler": bool, "loss": float,
+               "samples_per_s": float}
+
+
+def parse_time_left(text: str) -> int | None:
+    """Seconds in squeue's ``%L`` ("[days-]hours:minutes:seconds", "minutes:seconds"), or None for UNLIMITED,
+    NOT_SET, INVALID or anything else."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def gpus_from_gres(gres: str) -> int:
+    """GPUs per node in a job's gres ("gpu:2", "gres/gpu:tesla:2", "gres:gpu:2(IDX:0-1)"); 0 when there are none."""
+    m = re.search(r"gpu(?::[A-Za-z_]\w*)?:(\d+)", gres or "")
+    return int(m.group(1)) if m else 0
+
+
+def session_report(body: dict) -> dict:
+    """A kernel's report of its training session (state and ranks), checked field by field: only plain values of
+    the known fields are kept, so what the panel shows cannot carry anything else."""
+    state = body.get("session")
+    if state not in SESSION_STATES:
+        raise ValueError(f"session must be one of {', '.join(SESSION_STATES)}")
+    ranks = body.get("ranks", [])
+    if not isinstance(ranks, list) or len(ranks) > 4096:
+        raise ValueError("ranks must be a list of at most 4096 rank records")
+    clean = []
+    for rank in ranks:
+        if not isinstance(rank, dict) or not isinstance(rank.get("rank"), int):
+            raise ValueError("each rank record needs a whole-number 'rank'")
+        row = {}
+        for name, kind in RANK_FIELDS.items():
+            value = rank.get(name)
+            if value is None or isinstance(value, bool) and kind is not bool:
+                row[name] = None
+            elif isinstance(value, (int, float, str, bool)):
+                row[name] = str(value)[:64] if kind is str else kind(value)
+            else:
+                raise ValueError(f"rank field {name!r} must be a plain value")
+        clean.append(row)
+    return {"session": state, "ranks": clean}
+
+
 def hostnames(nodelist: str) -> list[str]:
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True)
     return out.stdout.split()
@@ -54,16 +102,22 @@ class AllocationOwner:
         self.environ = dict(os.environ if environ is None else environ)
         self.job_id = self.environ.get("SLURM_JOB_ID", "")
         self._steps: list[subprocess.Popen] = []
+        self.session: dict = {"session": "none", "ranks": []}
 
     def describe(self) -> dict:
         if not self.job_id:
-            return {"job_id": None, "message": "not inside a batch job: engines start locally"}
+            return {"in_job": False, "job_id": None,
+                    "message": "Not in a batch job: this server runs outside Slurm, so training sessions start "
+                               "their ranks as local engines on this machine."}
         nodes = hostnames(self.environ.get("SLURM_JOB_NODELIST", ""))
         left = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%L|%P|%b"], capture_output=True, text=True)
         time_left, partition, gres = (left.stdout.strip().split("|") + ["", "", ""])[:3]
-        return {"job_id": self.job_id, "nodes": nodes, "partition": partition, "gres": gres, "time_left": time_left,
+        return {"in_job": True, "job_id": self.job_id, "nodes": nodes, "partition": partition, "gres": gres,
+                "gpus_per_node": gpus_from_gres(gres), "time_left": time_left,
+                "time_left_s": parse_time_left(time_left),
                 "cuda_visible_devices": self.environ.get("CUDA_VISIBLE_DEVICES"),
-                "engine_steps": [{"pid": p.pid, "running": p.poll() is None} for p in self._steps]}
+                "engine_steps": [{"pid": p.pid, "running": p.poll() is None} for p in self._steps],
+                **self.session}
 
     def start_engines(self, ranks: int, image: str, connection_file: str, gpus_per_rank: int = 0) -> dict:
         if not self.job_id:
@@ -103,6 +157,9 @@ def handle(owner: AllocationOwner, method: str, path: str, body: dict) -> tuple[
             if not isinstance(image, str) or not isinstance(conn, str):
                 return 400, {"message": "image and connection_file are required strings"}
             return 201, owner.start_engines(ranks, image, conn, int(body.get("gpus_per_rank", 0)))
+        if method == "PUT" and path == "/session":
+            owner.session = session_report(body)
+            return 200, owner.session
         if method == "DELETE" and path == "/engines":
             return 200, {"stopped": owner.stop_engines()}
         return 404, {"message": f"no {method} {path}"}

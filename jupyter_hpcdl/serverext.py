@@ -1,10 +1,15 @@
 """Jupyter server extension: inside a batch job, run the allocation's owner (see allocation.py) on a Unix socket in
-the user's private job directory, so that kernels (inside containers) can ask it for engines."""
+the user's private job directory, so that kernels (inside containers) can ask it for engines and report their
+training session; and serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenticated) to the JupyterLab panel."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_unix_socket
@@ -31,8 +36,27 @@ class _OwnerHandler(web.RequestHandler):
     def post(self):
         self._answer("POST")
 
+    def put(self):
+        self._answer("PUT")
+
     def delete(self):
         self._answer("DELETE")
+
+
+class AllocationHandler(APIHandler):
+    """The allocation this server runs in, and the training session its kernel reported, for the panel."""
+
+    auth_resource = "hpcdl"
+
+    def initialize(self, owner: AllocationOwner):
+        self.owner = owner
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        status, reply = await asyncio.to_thread(handle, self.owner, "GET", "/allocation", {})
+        self.set_status(status)
+        self.finish(json.dumps(reply))
 
 
 def _jupyter_server_extension_points():
@@ -41,6 +65,8 @@ def _jupyter_server_extension_points():
 
 def _load_jupyter_server_extension(serverapp):
     owner = AllocationOwner()
+    route = url_path_join(serverapp.web_app.settings["base_url"], "jupyter-hpcdl", "allocation")
+    serverapp.web_app.add_handlers(".*$", [(route, AllocationHandler, {"owner": owner})])
     if not owner.job_id:
         serverapp.log.info("jupyter_hpcdl: not inside a batch job; no allocation owner")
         return

@@ -30,6 +30,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+@pytest.fixture
+def browser_page(tmp_path):
+    """A page in Debian's Chromium driven by Playwright (see browser.py)."""
+    from browser import chromium_page
+
+    with chromium_page(tmp_path / "profile") as page:
+        yield page
+
+
 @pytest.fixture(scope="session")
 def bed() -> dict:
     return json.loads((STATE / "bed.json").read_text())

@@ -1,55 +1,22 @@
 """What a person sees, in a real browser (Playwright + Debian's Chromium): log in, fill the form (a refused value
 shows its message; the script preview follows the fields), watch the progress, land in JupyterLab, run a cell in
 the containerized kernel. Screenshots are kept under artifacts/screenshots."""
-import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from browser import SHOTS, hub_login, quiet_lab_settings
 from hubclient import Hub
 
 pytestmark = pytest.mark.testbed
-playwright = pytest.importorskip("playwright.sync_api")
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture
-def browser_page(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.fail("chromium is not installed: testbed/install.sh installs Debian's chromium")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with playwright.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True,
-                                                   args=ARGS, viewport={"width": 1280, "height": 900})
-        try:
-            yield ctx.pages[0] if ctx.pages else ctx.new_page()
-        finally:
-            ctx.close()
-
-
-def _quiet_lab_settings(alice):
-    """No news toast in JupyterLab (it would ask the network)."""
-    d = Path(alice.home) / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    subprocess.run(["chown", "-R", "alice:alice", str(Path(alice.home) / ".jupyter")], check=True)
 
 
 def test_login_form_progress_lab_and_a_cell_in_the_container(bed, alice, browser_page):
     page, hub = browser_page, Hub(bed)
-    _quiet_lab_settings(alice)
-    password = (Path(bed["hub_dir"]) / "password").read_text().strip()
+    quiet_lab_settings(Path(alice.home) / ".jupyter/lab/user-settings", owner="alice")
     try:
-        page.goto(bed["hub_url"] + "/hub/login")
-        page.fill("#username_input", "alice")
-        page.fill("#password_input", password)
-        page.click("#login_submit")
+        hub_login(page, bed, "alice")
         page.wait_for_selector("#hpcdl-partition", timeout=60_000)
         assert "8 / 8" in page.inner_text(".hpcdl-availability")
         page.screenshot(path=str(SHOTS / "01-form.png"), full_page=True)

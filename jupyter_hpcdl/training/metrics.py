@@ -42,6 +42,10 @@ class MetricsTable:
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self._rows, columns=list(COLUMNS))
 
+    def latest(self) -> dict[int, dict]:
+        """Each rank's most recent record."""
+        return {row["rank"]: row for row in self._rows}
+
     def latest_step_times(self) -> dict[int, float]:
         latest: dict[int, float] = {}
         for row in self._rows:
@@ -51,3 +55,20 @@ class MetricsTable:
 
     def stragglers(self, factor: float = 1.5) -> list[int]:
         return straggler_ranks(self.latest_step_times(), factor)
+
+
+def rank_rows(world: Iterable[Mapping], latest: Mapping[int, Mapping], stragglers: Iterable[int] = (),
+              dead: Iterable[int] = (), state: str = "idle") -> list[dict]:
+    """One row per rank for a rank table (the dashboard's, the JupyterLab panel's): where it runs, its GPU, its
+    state, whether it straggles, and its latest loss and throughput."""
+    stragglers, dead = set(stragglers), set(dead)
+    rows = []
+    for w in sorted(world, key=lambda w: w["rank"]):
+        r = w["rank"]
+        last = latest.get(r, {})
+        gpu = w.get("cuda_visible_devices") if w.get("gpus") or w.get("cuda_visible_devices") else None
+        rows.append({"rank": r, "node": w.get("node") or w.get("host"), "gpu": gpu,
+                     "state": "dead" if r in dead else state, "straggler": r in stragglers,
+                     "loss": last.get("loss"), "samples_per_s": last.get("samples_per_s"),
+                     "epoch": last.get("epoch")})
+    return rows

@@ -24,7 +24,7 @@ import ipyparallel as ipp
 from ..allocation import SOCKET_ENV, request
 from ..world import gloo_env, hosts_from_tasks, iface_for, plan_slots
 from . import rank as rank_side
-from .metrics import MetricsTable
+from .metrics import MetricsTable, rank_rows
 
 
 class RankError(RuntimeError):
@@ -73,6 +73,9 @@ class TrainingSession:
         self._cluster = self._client = self._rendezvous = None
         self._dir = tempfile.mkdtemp(prefix="hpcdl-session-", dir=os.path.expanduser("~"))
         self.stop_file = os.path.join(self._dir, "stop")
+        self.state = "none"
+        self.epochs_done = 0  # whole epochs the model has trained (kept through checkpoints)
+        self._reported_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     @property
@@ -86,6 +89,7 @@ class TrainingSession:
         from horovod.runner.http.http_server import RendezvousServer
 
         in_allocation = self.where == "allocation" or (self.where == "auto" and self.owner_socket)
+        self._report("starting")
         if in_allocation:
             if not self.owner_socket:
                 raise RuntimeError("no batch allocation to start ranks in: this kernel is not in a jupyter-hpcdl job "
@@ -105,6 +109,7 @@ class TrainingSession:
         self._engine_of = {w["rank"]: e for w, e in zip(self.world, engines)}
         self._view = self._client[[self._engine_of[r] for r in sorted(self._engine_of)]]
         self._view.use_cloudpickle()  # the user's model and data functions travel by value
+        self._report("idle")
         return self.world
 
     def _start_local(self):
@@ -141,6 +146,8 @@ class TrainingSession:
             self._stop_world()
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
+            self.world = []
+            self._report("none")
 
     def _stop_world(self) -> None:
         """End the current world: leave Horovod, stop the engines (and ask the allocation's owner to), the
@@ -174,8 +181,10 @@ class TrainingSession:
     # -- training ----------------------------------------------------------------------------------------------------
     def setup(self, model_fn, data_fn, loss, metrics=(), lr: float = 0.01, batch_size: int = 32) -> list[dict]:
         """Build ``model_fn()`` on every rank with ``data_fn(rank, size) -> (x, y)`` as its shard."""
-        self._setup = (model_fn, data_fn, loss, tuple(metrics), lr, batch_size)
-        return self._all(rank_side.build, *self._setup)
+        setup = (model_fn, data_fn, loss, tuple(metrics), lr, batch_size)
+        built = self._all(rank_side.build, *setup)
+        self._setup, self.epochs_done = setup, 0  # only a model that every rank built counts
+        return built
 
     def _raise_if_dead(self, what: str, wait: float = 0) -> None:
         deadline = time.monotonic() + wait
@@ -185,6 +194,7 @@ class TrainingSession:
                 break
             time.sleep(0.2)
         if dead:
+            self._report("failed")
             self._stop_world()
             raise RankError(f"rank(s) {', '.join(map(str, dead))} died during {what}; this world is gone: "
                             "recover(checkpoint) starts a new one from the last checkpoint")
@@ -208,17 +218,19 @@ class TrainingSession:
         self.ranks = ranks
         self.start()
         self._all(rank_side.build, model_fn, data_fn or setup_data_fn, *rest)
+        self.epochs_done = 0
 
     def rescale(self, ranks: int) -> list[dict]:
         """Continue with ``ranks`` ranks: the model's state goes through a checkpoint into a new world."""
         return self.recover(self.checkpoint(os.path.join(self._dir, "rescale.npz")), ranks)
 
     def scaling(self, ranks: list[int], epochs: int = 1, mode: str = "strong", csv: str | None = None,
-                plot: str | None = None):
+                plot: str | None = None, on_step=None, on_metrics=None):
         """Train the same configuration on each rank count and measure throughput (samples/s over all ranks),
         speedup against the smallest count, and efficiency against ideal scaling. ``mode="weak"`` keeps each
         rank's shard the same size as at the smallest count (more ranks, more data); "strong" splits the same
-        data. Returns a pandas DataFrame (and writes ``csv`` and a ``plot`` PNG when given)."""
+        data. Returns a pandas DataFrame (and writes ``csv`` and a ``plot`` PNG when given). ``on_step(row)`` is
+        called after each rank count; ``on_metrics`` as in :meth:`fit`."""
         import pandas as pd
 
         if mode not in ("strong", "weak"):
@@ -228,10 +240,12 @@ class TrainingSession:
         rows = []
         for n in ranks:
             self._new_world(n, data_fn if mode == "strong" else _weak_shard(data_fn, base))
-            self.fit(epochs=1)  # warm-up: tracing and first-epoch costs stay out of the figures
-            result = self.fit(epochs=epochs)
-            samples = sum(r["samples"] for r in self._all(rank_side.shard_size)) * epochs
+            self.fit(epochs=1, on_metrics=on_metrics)  # warm-up: tracing and first-epoch costs stay out of the figures
+            result = self.fit(epochs=epochs, on_metrics=on_metrics)
+            samples = sum(self.shard_sizes().values()) * epochs
             rows.append({"ranks": n, "seconds": result.seconds, "throughput": samples / result.seconds})
+            if on_step is not None:
+                on_step(rows[-1])
         table = pd.DataFrame(rows)
         first = table.loc[table["ranks"] == base, "throughput"].iloc[0]
         table["speedup"] = table["throughput"] / first
@@ -241,7 +255,7 @@ class TrainingSession:
         if csv:
             table.to_csv(csv, index=False)
         if plot:
-            _plot_scaling(table, plot)
+            plot_scaling(table, plot)
         return table
 
 
@@ -252,10 +266,12 @@ class TrainingSession:
         if os.path.exists(self.stop_file):
             os.unlink(self.stop_file)
         t0 = time.perf_counter()
+        self._report("training")
         ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every, stop_check_every)
         while not ar.ready():
             self._collect(ar, on_metrics)
             self._raise_if_dead("fit")  # the others wait in a collective that will never complete
+            self._report("training", every=2.0)
             time.sleep(poll)
         self._collect(ar, on_metrics)
         try:
@@ -263,10 +279,14 @@ class TrainingSession:
         except RankError as e:
             if e.engine_died:  # the survivors' errors follow from a death: report the death
                 self._raise_if_dead("fit", wait=5)
+            self._report("failed")
             raise
         digests = {r["rank"]: r["weights"] for r in results}
         if len(set(digests.values())) != 1:
+            self._report("failed")
             raise WorldDiverged(f"ranks hold different weights after training ({digests}): gradients were not averaged")
+        self.epochs_done = results[0]["epochs_done"]
+        self._report("stopped" if results[0]["stopped"] else "idle")
         return FitResult(results[0]["epochs_done"], {r["rank"]: r["history"] for r in results},
                          results[0]["stopped"], results[0]["weights"], time.perf_counter() - t0,
                          [r["rank"] for r in results])
@@ -274,6 +294,14 @@ class TrainingSession:
     def stop_training(self) -> None:
         """Ask every rank to stop after the current batch (they agree on the same batch)."""
         open(self.stop_file, "w").close()
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._setup[5] if getattr(self, "_setup", None) else None
+
+    def shard_sizes(self) -> dict[int, int]:
+        """Samples in each rank's shard."""
+        return {r["rank"]: r["samples"] for r in self._all(rank_side.shard_size)}
 
     def set_lr(self, lr: float) -> list[float]:
         return self._all(rank_side.set_lr, lr)
@@ -283,7 +311,9 @@ class TrainingSession:
         return next(p for p in self._all(rank_side.save, path) if p)
 
     def resume(self, path: str) -> list[dict]:
-        return self._all(rank_side.load, os.path.expanduser(path))
+        loaded = self._all(rank_side.load, os.path.expanduser(path))
+        self.epochs_done = loaded[0]["epochs_done"]
+        return loaded
 
     @property
     def metrics(self):
@@ -291,6 +321,25 @@ class TrainingSession:
 
     def stragglers(self, factor: float = 1.5) -> list[int]:
         return self.metrics_table.stragglers(factor)
+
+    def rank_table(self) -> list[dict]:
+        """Each rank: node, GPU, state, straggler flag, latest loss and samples/s."""
+        rank_state = "training" if self.state == "training" else "idle" if self.world else self.state
+        return rank_rows(self.world, self.metrics_table.latest(), self.stragglers(), self.dead_ranks(), rank_state)
+
+    def _report(self, state: str, every: float = 0.0) -> None:
+        """Keep :attr:`state`, and tell the allocation's owner (for the JupyterLab panel) when there is one; at most
+        once per ``every`` seconds while the state stays the same. Reporting never fails the training."""
+        now = time.monotonic()
+        if state == self.state and now - self._reported_at < every:
+            return
+        self.state, self._reported_at = state, now
+        if self.owner_socket:
+            try:
+                request(self.owner_socket, "PUT", "/session", {"session": state, "ranks": self.rank_table()},
+                        timeout=2)
+            except (OSError, RuntimeError, ValueError):
+                pass
 
     # -- plumbing ----------------------------------------------------------------------------------------------------
     def _collect(self, ar, on_metrics) -> None:
@@ -341,7 +390,8 @@ def _weak_shard(data_fn, base: int):
     return shard
 
 
-def _plot_scaling(table, path: str) -> None:
+def plot_scaling(table, path: str) -> None:
+    """Speedup against the ideal line, and efficiency, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")

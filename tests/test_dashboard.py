@@ -1,0 +1,211 @@
+"""The dashboard without a browser: its pure parts, the allocation owner's session report and time left, the
+widget models driven by their buttons against real local ranks, and the server extension's handler in a real
+Jupyter server (authenticated; outside a batch job it says so)."""
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from jupyter_hpcdl.allocation import AllocationOwner, gpus_from_gres, handle, parse_time_left, session_report
+from jupyter_hpcdl.dashboard.series import (batches_per_epoch, epoch_progress, parse_rank_counts, rank_series,
+                                            rank_table_html)
+from jupyter_hpcdl.training.metrics import rank_rows
+
+
+# -- pure parts ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, seconds", [("3:58:12", 14292), ("1-02:00:00", 93600), ("12:05", 725), ("0:00", 0),
+                                           ("UNLIMITED", None), ("NOT_SET", None), ("", None), ("1:2:3:4", None)])
+def test_time_left_from_squeue(text, seconds):
+    assert parse_time_left(text) == seconds
+
+
+@pytest.mark.parametrize("gres, gpus", [("gpu:2", 2), ("gres/gpu:4", 4), ("gres:gpu:tesla:3(IDX:0-2)", 3),
+                                        ("N/A", 0), ("", 0), ("gres/mps:100", 0)])
+def test_gpus_per_node_from_gres(gres, gpus):
+    assert gpus_from_gres(gres) == gpus
+
+
+def test_session_report_keeps_only_known_plain_fields():
+    clean = session_report({"session": "training", "ranks": [
+        {"rank": 0, "node": "node1" * 40, "gpu": "0", "state": "training", "straggler": True, "loss": 1,
+         "samples_per_s": None, "extra": "<script>"}]})
+    assert clean == {"session": "training", "ranks": [
+        {"rank": 0, "node": ("node1" * 40)[:64], "gpu": "0", "state": "training", "straggler": True, "loss": 1.0,
+         "samples_per_s": None}]}
+    with pytest.raises(ValueError, match="session must be one of"):
+        session_report({"session": "rm -rf", "ranks": []})
+    with pytest.raises(ValueError, match="whole-number 'rank'"):
+        session_report({"session": "idle", "ranks": [{"rank": "0"}]})
+    with pytest.raises(ValueError, match="plain value"):
+        session_report({"session": "idle", "ranks": [{"rank": 0, "loss": [1]}]})
+
+
+def test_owner_keeps_the_kernels_report_and_refuses_bad_ones():
+    owner = AllocationOwner(environ={})
+    assert handle(owner, "PUT", "/session", {"session": "idle", "ranks": [{"rank": 0}]})[0] == 200
+    assert owner.session["ranks"][0]["rank"] == 0
+    status, reply = handle(owner, "PUT", "/session", {"session": "bogus"})
+    assert status == 400 and "session must be one of" in reply["message"]
+    assert owner.session["session"] == "idle", "a refused report changes nothing"
+    outside = handle(owner, "GET", "/allocation", {})[1]
+    assert outside["in_job"] is False and "Not in a batch job" in outside["message"]
+
+
+def _frame(records):
+    return pd.DataFrame(records, columns=["rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s"])
+
+
+def test_rank_series_and_progress():
+    frame = _frame([(0, 1, 0, 2.0, 100, 0.1), (1, 1, 0, 2.1, 90, 0.11), (0, 1, 5, 1.5, 110, 0.09),
+                    (0, 2, 0, 1.0, 120, 0.08), (1, 1, 5, None, 80, 0.12)])
+    series = rank_series(frame, "loss", per_epoch=10)
+    assert series == {0: ([0.0, 5.0, 10.0], [2.0, 1.5, 1.0]), 1: ([0.0], [2.1])}
+    assert rank_series(_frame([]), "loss", 10) == {}
+    latest = {0: {"epoch": 2, "batch": 0}, 1: {"epoch": 1, "batch": 5}}
+    assert epoch_progress(latest, per_epoch=10, first_epoch=1, epochs=2) == (6, 20, "epoch 1/2")  # the slowest rank
+    assert epoch_progress({}, 10, 1, 3) == (0, 30, "epoch 0/3")
+    assert batches_per_epoch(899, 32) == 29 and batches_per_epoch(0, 32) == 1
+
+
+def test_rank_table_marks_stragglers_dead_ranks_and_escapes():
+    world = [{"rank": 1, "node": "node2", "cuda_visible_devices": "0", "gpus": 1},
+             {"rank": 0, "node": "<b>n</b>", "cuda_visible_devices": None, "gpus": 0}]
+    rows = rank_rows(world, {1: {"loss": 0.5, "samples_per_s": 10.0, "epoch": 1}}, stragglers=[1], dead=[0])
+    assert [(r["rank"], r["state"], r["straggler"], r["gpu"]) for r in rows] == [(0, "dead", False, None),
+                                                                                (1, "idle", True, "0")]
+    page = rank_table_html(rows)
+    assert '<tr data-rank="1" class="hpcdl-straggler">' in page and "&lt;b&gt;n&lt;/b&gt;" in page
+    assert "<b>" not in page
+
+
+@pytest.mark.parametrize("text, error", [("", "give the rank counts"), ("1, x", "'x' is not a rank count"),
+                                         ("0", "from 1 to 8"), ("2, 2", "each rank count once"), ("9", "from 1 to 8")])
+def test_rank_counts_are_checked(text, error):
+    with pytest.raises(ValueError, match=error):
+        parse_rank_counts(text, most=8)
+    assert parse_rank_counts(" 4; 1,2 ", 8) == [1, 2, 4]
+
+
+# -- the widget models, driven by their buttons, against real local ranks ----------------------------------------------
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory):
+    pytest.importorskip("horovod.tensorflow.keras")
+    from jupyter_hpcdl.dashboard import Dashboard
+
+    tmp = tmp_path_factory.mktemp("dash")
+    tabs = Dashboard(ranks=2, epochs=3, where="local", checkpoint_dir=str(tmp / "ckpt"))
+    tabs.scaling.export_dir = str(tmp / "export")
+    yield tabs
+    tabs.training.stop_ranks()
+
+
+def test_train_button_draws_a_line_per_rank_and_fills_the_table(dashboard):
+    d = dashboard.training
+    d.buttons["Train"].click()
+    assert d.buttons["Train"].disabled and not d.buttons["Stop"].disabled, "busy while training"
+    d.wait(300)
+    assert d.error.value == "", d.error.value
+    assert "done: 3 epochs" in d.status.value
+    for column, fig in d.figures.items():
+        lines = {m.labels[0]: m for m in fig.marks}
+        assert set(lines) == {"rank 0", "rank 1"}, column
+        assert all(len(m.x) == len(m.y) > 0 for m in lines.values()), column
+    loss = {m.labels[0]: list(m.y) for m in d.figures["loss"].marks}
+    assert loss["rank 0"][-1] < loss["rank 0"][0]
+    assert (d.progress.value, d.progress.description) == (d.progress.max, "epoch 3/3")
+    assert d.table.value.count("<tr data-rank=") == 2 and not d.buttons["Train"].disabled
+
+
+def test_stop_button_stops_all_ranks_mid_training(dashboard):
+    d = dashboard.training
+    d.epochs.value = 200
+    d.buttons["Train"].click()
+    deadline = time.monotonic() + 60
+    while d.session.state != "training" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    d.buttons["Stop"].click()
+    d.wait(120)
+    assert not d._worker.is_alive(), "Stop did not end the training"
+    assert "stopped in epoch" in d.status.value and d.session.state == "stopped"
+    d.epochs.value = 1
+
+
+def test_errors_show_in_place(dashboard, tmp_path):
+    d = dashboard.training
+    d.checkpoint_dir, d.last_checkpoint = str(tmp_path / "none"), None
+    d.buttons["Resume"].click()
+    d.wait(60)
+    assert "no checkpoint at" in d.error.value and "press Checkpoint first" in d.error.value
+    d.checkpoint_dir = str(tmp_path / "ckpt")
+    d.buttons["Checkpoint"].click()
+    d.wait(60)
+    assert d.error.value == "" and os.path.exists(d.last_checkpoint)
+
+
+def test_scaling_tab_runs_plots_against_ideal_and_exports(dashboard):
+    s = dashboard.scaling
+    s.counts.value = "1, 2"
+    s.run_button.click()
+    s.wait(600)
+    assert s.error.value == "", s.error.value
+    assert list(s.measured.x) == [1.0, 2.0] and list(s.ideal.y) == [1.0, 2.0]
+    assert s.measured.y[0] == 1.0 and 0 < s.efficiency.y[1] <= 1.5
+    assert (s.progress.value, s.progress.max) == (2, 2) and "hpcdl-scaling-table" in s.table.value
+    csv, png = s.export()
+    assert pd.read_csv(csv)["ranks"].tolist() == [1, 2]
+    assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert dashboard.training.ranks.value == 2 and dashboard.training.session.ranks == 2
+
+
+# -- the server extension's handler in a real Jupyter server -----------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def jupyter_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    token, port = secrets.token_hex(16), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.Popen([sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
+                             f"--port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+                             f"--ServerApp.root_dir={root}", "--allow-root"],
+                            stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"), env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(150):
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        yield url, token
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_handler_needs_authentication(jupyter_server):
+    url, _ = jupyter_server
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"{url}/jupyter-hpcdl/allocation", timeout=10)
+    assert e.value.code == 403
+
+
+def test_handler_says_plainly_when_not_in_a_batch_job(jupyter_server):
+    url, token = jupyter_server
+    req = urllib.request.Request(f"{url}/jupyter-hpcdl/allocation", headers={"Authorization": f"token {token}"})
+    body = json.loads(urllib.request.urlopen(req, timeout=10).read())
+    assert body["in_job"] is False and body["message"].startswith("Not in a batch job")

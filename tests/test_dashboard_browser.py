@@ -1,0 +1,162 @@
+"""The dashboard as a person sees it, in Debian's Chromium against a real JupyterLab with the extension installed:
+outside a batch job the panel says so, its button opens the dashboard, two local ranks train and the charts update
+live, a scaling run draws its plot; inside alice's two-node Slurm job (through the hub) the panel shows the job,
+the walltime left (also in the status bar) and the ranks the notebook started in her containers."""
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from browser import SHOTS, hub_login, quiet_lab_settings
+from hubclient import Hub
+
+PANEL_TAB = '.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="jupyter-hpcdl-panel"]'
+LINES = ".hpcdl-dashboard .bqplot path.line"
+
+
+@pytest.fixture
+def local_lab(tmp_path):
+    """JupyterLab outside any batch job, as the test runner (root), in a scratch home."""
+    home = tmp_path / "home"
+    quiet_lab_settings(home / "settings")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCDL_ALLOCATION"))}
+    env.update(HOME=str(home), TF_CPP_MIN_LOG_LEVEL="2")
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--allow-root",
+         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={home}",
+         f"--LabApp.user_settings_dir={home / 'settings'}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=home)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "lab.log").read_text()
+                time.sleep(0.2)
+        yield url, token
+    finally:
+        proc.terminate()  # the server shuts its kernels down, and each kernel its session's engines
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _open_panel(page):
+    page.locator(PANEL_TAB).click()
+    page.locator("#jupyter-hpcdl-panel").wait_for(state="visible", timeout=30_000)
+
+
+def _open_dashboard(page, kernel_status: re.Pattern):
+    page.locator(".jp-hpcdl-open-dashboard").click()
+    page.locator(".jp-StatusBar-Widget", has_text=kernel_status).wait_for(timeout=180_000)
+    page.locator(".hpcdl-dashboard").wait_for(state="visible", timeout=120_000)
+
+
+def _set_number(page, scope: str, label: str, value: int | str):
+    box = page.locator(f"{scope} .widget-inline-hbox", has=page.locator("label", has_text=re.compile(f"^{label}$")))
+    field = box.locator("input")
+    field.fill(str(value))
+    field.press("Tab")  # ipywidgets sends the value on change
+
+
+def _line_paths(page) -> list[str]:
+    return page.eval_on_selector_all(LINES, "els => els.map(e => e.getAttribute('d') || '')")
+
+
+def _train_and_watch_charts_update(page, epochs: int, timeout: float) -> None:
+    _set_number(page, ".hpcdl-dashboard", "epochs", epochs)
+    page.locator(".hpcdl-dashboard button", has_text="Train").click()
+    page.wait_for_function(f"document.querySelectorAll('{LINES}').length >= 6", timeout=timeout * 1000)
+    first = _line_paths(page)
+    page.wait_for_function(f"""(first) => {{ const now = [...document.querySelectorAll('{LINES}')]
+                                             .map(e => e.getAttribute('d') || '');
+                                           return now.length >= 6 && now.some((d, i) => d !== first[i]); }}""",
+                           arg=first, timeout=timeout * 1000)
+    assert page.locator(".hpcdl-dashboard .bqplot .legendText", has_text="rank 1").count() >= 3, "a line per rank"
+
+
+def test_outside_a_job_the_panel_says_so_and_the_dashboard_trains_and_scales(local_lab, browser_page):
+    url, token = local_lab
+    page = browser_page
+    page.goto(f"{url}/lab?reset&token={token}")
+    page.locator(PANEL_TAB).wait_for(timeout=60_000)
+    _open_panel(page)
+    page.locator(".jp-hpcdl-not-in-job").wait_for(timeout=30_000)
+    assert "Not in a batch job" in page.inner_text(".jp-hpcdl-not-in-job")
+    assert not page.locator(".jp-hpcdl-statusbar").is_visible(), "no walltime outside a job"
+
+    _open_dashboard(page, re.compile(r"Python 3 \(ipykernel\) \| Idle"))
+    _train_and_watch_charts_update(page, epochs=40, timeout=180)
+    page.screenshot(path=str(SHOTS / "10-dashboard-live.png"))
+    page.locator(".hpcdl-dashboard .hpcdl-status", has_text="done: 40 epochs").wait_for(timeout=240_000)
+    bar = page.locator(".hpcdl-dashboard .widget-hprogress .progress-bar")
+    assert bar.get_attribute("style").replace(" ", "").find("width:100%") >= 0
+    assert page.locator(".hpcdl-dashboard .hpcdl-rank-table tr[data-rank]").count() == 2
+
+    page.locator(".jupyter-widget-Tab .lm-TabBar-tab", has_text="Scaling").click()
+    page.locator(".hpcdl-scaling button", has_text="Run scaling").click()
+    page.locator(".hpcdl-scaling .hpcdl-scaling-table").wait_for(timeout=300_000)
+    assert page.eval_on_selector_all(".hpcdl-scaling .bqplot path.line",
+                                     "els => els.filter(e => (e.getAttribute('d') || '').length > 4).length") >= 3
+    page.locator(".hpcdl-scaling button", has_text="Export CSV + PNG").click()
+    page.locator(".hpcdl-scaling .hpcdl-exported").wait_for(timeout=30_000)
+    page.screenshot(path=str(SHOTS / "11-scaling.png"))
+    page.locator(".jupyter-widget-Tab .lm-TabBar-tab", has_text="Training").click()
+    page.locator(".hpcdl-dashboard button", has_text="Close").click()
+    page.locator(".hpcdl-dashboard .hpcdl-status", has_text="ranks stopped").wait_for(timeout=60_000)
+
+
+@pytest.mark.testbed
+def test_in_alices_job_the_panel_shows_the_allocation_and_the_ranks(bed, alice, browser_page):
+    page, hub = browser_page, Hub(bed)
+    quiet_lab_settings(Path(alice.home) / ".jupyter/lab/user-settings", owner="alice")
+    status, body = hub.api("POST", "/hub/api/users/alice/server", {"nodes": 2, "gpus_per_node": 1,
+                                                                    "walltime": "00:30:00"})
+    assert status in (201, 202), body
+    try:
+        hub.wait_ready("alice")
+        job = subprocess.run(["squeue", "-h", "-u", "alice", "-t", "RUNNING", "-o", "%i"], capture_output=True,
+                             text=True, check=True).stdout.split()
+        hub_login(page, bed, "alice")
+        page.goto(bed["hub_url"] + "/user/alice/lab?reset")
+        page.locator(PANEL_TAB).wait_for(timeout=120_000)
+        _open_panel(page)
+        page.locator(".jp-hpcdl-job-id").wait_for(timeout=30_000)
+        assert page.inner_text(".jp-hpcdl-job-id").strip() in job
+        assert page.inner_text(".jp-hpcdl-partition").strip() == "gpu"
+        assert re.sub(r"\s", "", page.inner_text(".jp-hpcdl-nodes")) in ("node1,node2", "node[1-2]")
+        assert "2" in page.inner_text(".jp-hpcdl-gpus")
+        assert re.search(r"\b(29|30|0:29|0:30):\d\d", page.inner_text(".jp-hpcdl-time-left"))
+        assert f"Job {page.inner_text('.jp-hpcdl-job-id').strip()}" in page.inner_text(".jp-hpcdl-statusbar")
+
+        _open_dashboard(page, re.compile(r"container\) \| Idle"))
+        _train_and_watch_charts_update(page, epochs=30, timeout=300)
+        ranks = page.locator(".jp-hpcdl-ranks tr[data-rank]")  # what the notebook's session told the owner
+        page.wait_for_function("document.querySelectorAll('.jp-hpcdl-ranks tr[data-rank]').length == 2",
+                               timeout=30_000)
+        assert {ranks.nth(i).inner_text().split()[1] for i in range(2)} == {"node1", "node2"}
+        page.screenshot(path=str(SHOTS / "12-panel-in-job.png"))
+        page.locator(".hpcdl-dashboard .hpcdl-status", has_text="done: 30 epochs").wait_for(timeout=300_000)
+        page.locator(".hpcdl-dashboard button", has_text="Close").click()
+        page.locator(".hpcdl-dashboard .hpcdl-status", has_text="ranks stopped").wait_for(timeout=60_000)
+    finally:
+        if hub.server("alice"):
+            hub.stop("alice")
+        for notebook in Path(alice.home).glob("Untitled*.ipynb"):
+            notebook.unlink()
