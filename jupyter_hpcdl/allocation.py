@@ -14,10 +14,13 @@ import subprocess
 import sys
 from typing import Mapping, Sequence
 
-from .containers.kernelspec import KERNEL_ENV
+from .containers.kernelspec import KERNEL_ENV, in_container_argv
 from .containers.spec import check_image_ref
 
 SOCKET_ENV = "HPCDL_ALLOCATION_FILE"
+#: What an engine in a container gets by name: the kernel's variables, its Slurm task, and ipyparallel's cluster.
+ENGINE_ENV = (*KERNEL_ENV, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+              "SLURM_STEP_NODELIST", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR", "IPP_CONNECTION_INFO")
 
 
 def default_socket_path(job_id: str) -> str:
@@ -37,10 +40,8 @@ def engine_srun_argv(ranks: int, nodes: int, image: str, connection_file: str, p
             "--job-name=hpcdl-engines"]
     if gpus_per_rank:
         argv.append(f"--gpus-per-task={gpus_per_rank}")
-    names = (*KERNEL_ENV, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
-             "SLURM_STEP_NODELIST")
-    return argv + [python, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), image, "--",
-                   "python3", "-m", "ipyparallel.engine", f"--file={connection_file}", "--quiet"]
+    return argv + in_container_argv(image, python, ENGINE_ENV,
+                                    ["python3", "-m", "ipyparallel.engine", f"--file={connection_file}", "--quiet"])
 
 
 SESSION_STATES = ("none", "starting", "idle", "training", "stopped", "failed")

@@ -7,37 +7,12 @@ what every request is checked against. Configured the Jupyter way, e.g. in jupyt
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from traitlets import Dict, Unicode, validate
 from traitlets.config import Configurable
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def parse_walltime(value: str | int) -> int:
-    """Minutes from ``D-HH:MM:SS``, ``HH:MM:SS``, ``HH:MM`` or a number of minutes; ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError("walltime must be HH:MM, HH:MM:SS, D-HH:MM:SS or minutes")
-    if isinstance(value, int):
-        minutes = value
-    else:
-        m = re.fullmatch(r"(?:(\d{1,2})-)?(\d{1,3}):(\d{2})(?::(\d{2}))?|(\d{1,5})", str(value).strip())
-        if not m or (m.group(3) and int(m.group(3)) > 59) or (m.group(4) and int(m.group(4)) > 59):
-            raise ValueError("walltime must be HH:MM, HH:MM:SS, D-HH:MM:SS or minutes")
-        if m.group(5):
-            minutes = int(m.group(5))
-        else:
-            minutes = int(m.group(1) or 0) * 1440 + int(m.group(2)) * 60 + int(m.group(3)) + (1 if int(m.group(4) or 0) else 0)
-    if minutes < 1:
-        raise ValueError("walltime must be at least one minute")
-    return minutes
-
-
-def format_walltime(minutes: int) -> str:
-    return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
-
+from jupyter_hpcdl.jobvalues import NAME as _NAME, format_walltime, parse_walltime  # noqa: F401 (re-exported)
 
 @dataclass(frozen=True)
 class Partition:

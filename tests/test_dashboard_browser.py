@@ -88,7 +88,7 @@ def _train_and_watch_charts_update(page, epochs: int, timeout: float) -> None:
                                              .map(e => e.getAttribute('d') || '');
                                            return now.length >= 6 && now.some((d, i) => d !== first[i]); }}""",
                            arg=first, timeout=timeout * 1000)
-    assert page.locator(".hpcdl-dashboard .bqplot .legendText", has_text="rank 1").count() >= 3, "a line per rank"
+    assert page.locator(".hpcdl-dashboard .bqplot .legendtext", has_text="rank 1").count() >= 3, "a line per rank"
 
 
 def test_outside_a_job_the_panel_says_so_and_the_dashboard_trains_and_scales(local_lab, browser_page):
@@ -109,7 +109,7 @@ def test_outside_a_job_the_panel_says_so_and_the_dashboard_trains_and_scales(loc
     assert bar.get_attribute("style").replace(" ", "").find("width:100%") >= 0
     assert page.locator(".hpcdl-dashboard .hpcdl-rank-table tr[data-rank]").count() == 2
 
-    page.locator(".jupyter-widget-Tab .lm-TabBar-tab", has_text="Scaling").click()
+    page.locator(".hpcdl-dashboard-tabs .lm-TabBar-tab", has_text="Scaling").click()
     page.locator(".hpcdl-scaling button", has_text="Run scaling").click()
     page.locator(".hpcdl-scaling .hpcdl-scaling-table").wait_for(timeout=300_000)
     assert page.eval_on_selector_all(".hpcdl-scaling .bqplot path.line",
@@ -117,7 +117,7 @@ def test_outside_a_job_the_panel_says_so_and_the_dashboard_trains_and_scales(loc
     page.locator(".hpcdl-scaling button", has_text="Export CSV + PNG").click()
     page.locator(".hpcdl-scaling .hpcdl-exported").wait_for(timeout=30_000)
     page.screenshot(path=str(SHOTS / "11-scaling.png"))
-    page.locator(".jupyter-widget-Tab .lm-TabBar-tab", has_text="Training").click()
+    page.locator(".hpcdl-dashboard-tabs .lm-TabBar-tab", has_text="Training").click()
     page.locator(".hpcdl-dashboard button", has_text="Close").click()
     page.locator(".hpcdl-dashboard .hpcdl-status", has_text="ranks stopped").wait_for(timeout=60_000)
 

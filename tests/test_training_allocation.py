@@ -1,7 +1,7 @@
 """A training session from a kernel of alice's JupyterLab (itself a 2-node Slurm job, the kernel inside her
 container): the ranks start as engines in her container on node1 and node2 through the allocation's owner (srun on
 the host side), one per GPU, join one Horovod world over Gloo, and train on real data; the loss falls and metrics
-arrive from every rank."""
+arrive from every rank; a killed rank is reported within seconds and a new world continues from the checkpoint."""
 import inspect
 import json
 
@@ -21,15 +21,34 @@ try:
     session.setup(digits_model, digits_shard, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), lr=0.1)
     first = session.fit(epochs=2)
     more = session.fit(epochs=1)
+    # a rank dies (its engine killed on node2): reported within seconds, then a new world goes on from a checkpoint
+    import os, signal, threading, time
+    from jupyter_hpcdl.training import RankError
+    checkpoint = session.checkpoint(os.path.expanduser("~/hpcdl-test-before-crash.npz"))
+    victim = next(w for w in world if w["rank"] == 3)["pid"]
+    threading.Timer(3.0, os.kill, (victim, signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    try:
+        session.fit(epochs=1000)
+        crash = "no error"
+    except RankError as e:
+        crash = str(e)
+    reported_after = time.monotonic() - t0 - 3.0
+    restored = session.recover(checkpoint)
+    after = session.fit(epochs=1)
+    os.unlink(checkpoint)
     print(json.dumps({"world": [{k: w[k] for k in ("rank", "size", "node", "cuda_visible_devices")} for w in world],
                       "loss": first.loss + more.loss, "epochs": more.epochs_done,
-                      "metric_ranks": sorted(set(int(r) for r in session.metrics["rank"]))}))
+                      "metric_ranks": sorted(set(int(r) for r in session.metrics["rank"])),
+                      "crash": crash, "reported_after": reported_after,
+                      "restored": sorted({r["epochs_done"] for r in restored}), "after": after.epochs_done,
+                      "new_world": sorted((w["rank"], w["node"]) for w in session.world)}))
 finally:
     session.close()
 """
 
 
-def test_four_ranks_on_two_nodes_in_containers_train_from_the_notebook(bed):
+def test_four_ranks_on_two_nodes_in_containers_train_from_the_notebook_and_survive_a_killed_rank(bed):
     hub = Hub(bed)
     status, body = hub.api("POST", "/hub/api/users/alice/server", {"nodes": 2, "gpus_per_node": 2, "walltime": "00:20:00"})
     assert status in (201, 202), body
@@ -44,3 +63,40 @@ def test_four_ranks_on_two_nodes_in_containers_train_from_the_notebook(bed):
     assert [w["cuda_visible_devices"] for w in result["world"]] == ["0", "1", "0", "1"], "each rank sees its own GPU"
     assert result["epochs"] == 3 and result["loss"][-1] < result["loss"][0]
     assert result["metric_ranks"] == [0, 1, 2, 3]
+    assert "rank(s) 3 died during fit" in result["crash"], result["crash"]
+    assert result["reported_after"] < 15, "the death was not reported within seconds"
+    assert result["restored"] == [3] and result["after"] == 4, "the new world continued from the checkpoint"
+    assert result["new_world"] == [[0, "node1"], [1, "node1"], [2, "node2"], [3, "node2"]]
+
+
+NEW_JOB_CODE = """
+import json, subprocess
+from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.training import TrainingSession
+from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
+
+session = TrainingSession(ranks=2, where="new", start_timeout=240,
+                          new_allocation=NewAllocation(nodes=2, walltime="00:10:00", partition="gpu", gpus_per_rank=1))
+try:
+    world = session.start()
+    job = session.job_id
+    running = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %D"], capture_output=True, text=True).stdout.split()
+    session.setup(digits_model, digits_shard, loss=digits_loss, lr=0.1)
+    fit = session.fit(epochs=2)
+finally:
+    session.close()
+after = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.split()
+print(json.dumps({"job": job, "running": running, "after": after, "loss": fit.loss,
+                  "world": sorted((w["rank"], w["node"], w["cuda_visible_devices"]) for w in world)}))
+"""
+
+
+def test_a_new_allocation_when_asked_trains_and_is_cancelled_at_close(alice):
+    """From a host-side Python as alice (where sbatch is): the ranks get a batch job of their own, in containers."""
+    r = alice.run(alice.bed["venv"] + "/bin/python", "-c", NEW_JOB_CODE, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["running"] == ["RUNNING", "2"], result
+    assert result["world"] == [[0, "node1", "0"], [1, "node2", "0"]]
+    assert result["loss"][-1] < result["loss"][0]
+    assert result["after"] in ([], ["COMPLETING"], ["CANCELLED"]), "the ranks' job outlived the session"

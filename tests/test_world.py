@@ -69,3 +69,23 @@ def test_owner_api_validates_and_says_what_is_wrong():
     assert handle(owner, "POST", "/engines", {"ranks": 2, "image": "hpcdl/base:latest", "connection_file": "/x"}) == (
         400, {"message": "not inside a batch job"})
     assert handle(owner, "PUT", "/nope", {})[0] == 404
+
+
+def test_new_allocation_script_is_built_from_checked_values():
+    from jupyter_hpcdl.newjob import NewAllocation, engines_job_template
+
+    template = engines_job_template(NewAllocation(nodes=2, walltime="00:10", partition="gpu", account="proj-a",
+                                                  gpus_per_rank=1), ranks=4)
+    script = template.format(n=4, cluster_id="c1", profile_dir="/home/a/.ipython/profile_default",
+                             program_and_args="python -m jupyter_hpcdl.containers run hpcdl/base:latest -- engine")
+    assert script.splitlines() == [
+        "#!/bin/sh", "#SBATCH --job-name=hpcdl-engines-c1", "#SBATCH --export=ALL", "#SBATCH --nodes=2",
+        "#SBATCH --ntasks=4", "#SBATCH --distribution=block", "#SBATCH --time=00:10:00",
+        "#SBATCH --output=/home/a/.ipython/profile_default/log/hpcdl-engines-%j.out", "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj-a", "#SBATCH --gpus-per-task=1",
+        "srun --kill-on-bad-exit=0 python -m jupyter_hpcdl.containers run hpcdl/base:latest -- engine"]
+    for bad, message in ((dict(partition="gpu\n#SBATCH --uid=0"), "partition"), (dict(account="a;b"), "account"),
+                         (dict(nodes=3), "ranks must be a whole number from 3"), (dict(walltime="1h"), "walltime"),
+                         (dict(gpus_per_rank=True), "gpus_per_rank"), (dict(partition="{n}"), "partition")):
+        with pytest.raises(ValueError, match=message):
+            engines_job_template(NewAllocation(**bad), ranks=2)

@@ -12,12 +12,19 @@ KERNEL_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_JOB_ID", 
               "SLURM_JOB_PARTITION", "SLURMD_NODENAME", "HPCDL_ALLOCATION_FILE")
 
 
+def in_container_argv(image: str, host_python: str, env_names: Sequence[str], command: Sequence[str]) -> list[str]:
+    """``command`` run by ``hpcdl-containers run`` in the user's container for ``image``, with the host's variables
+    ``env_names`` passed in by name (never their values on a command line)."""
+    check_image_ref(image)
+    return [host_python, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in env_names), image, "--",
+            *command]
+
+
 def container_kernelspec(image: str, host_python: str, display_name: str | None = None,
                          env_names: Sequence[str] = KERNEL_ENV) -> dict:
     """kernel.json for an ipykernel started by ``hpcdl-containers run`` in ``image`` (created on first use)."""
-    check_image_ref(image)
-    argv = [host_python, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in env_names), image,
-            "--", "python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    argv = in_container_argv(image, host_python, env_names,
+                             ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"])
     return {"argv": argv, "display_name": display_name or f"Python 3 ({image}, container)", "language": "python",
             "interrupt_mode": "signal", "metadata": {"jupyter_hpcdl": {"image": image}}}
 

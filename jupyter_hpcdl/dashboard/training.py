@@ -25,7 +25,7 @@ class Dashboard(w.VBox):
         if model_fn is None:
             from ..training import examples
 
-            model_fn, data_fn, loss = examples.digits_model, examples.digits_shard, loss or examples.digits_loss()
+            model_fn, data_fn, loss = examples.digits_model, examples.digits_shard, loss or examples.digits_loss
         if data_fn is None or loss is None:
             raise ValueError("give data_fn and loss together with model_fn")
         self.session = session

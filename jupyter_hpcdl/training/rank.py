@@ -65,7 +65,7 @@ def build(model_fn, data_fn, loss, metrics, lr: float, batch_size: int) -> dict:
     return {"rank": hvd.rank(), "samples": len(x)}
 
 
-def _callbacks(stop_file: str, publish_every: int, check_every: int):
+def _callbacks(stop_file: str, publish_every: int, check_every: int, min_interval: float = 0.0):
     import horovod.tensorflow as hvd_tf
     import psutil
     import tensorflow as tf
@@ -76,17 +76,23 @@ def _callbacks(stop_file: str, publish_every: int, check_every: int):
     process = psutil.Process()
 
     class Publisher(tf.keras.callbacks.Callback):
-        """Live metrics of this rank, sent to the kernel as they happen (ipyparallel's data publication)."""
+        """Live metrics of this rank, sent to the kernel as they happen (ipyparallel's data publication): every
+        ``publish_every`` batches, but at most every ``min_interval`` seconds. It takes Keras' logs as tensors
+        (``_supports_tf_logs``), so the batches it does not publish cost no conversion."""
+
+        _supports_tf_logs = True
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = _STATE["epochs_done"] + 1
+            self.published = getattr(self, "published", 0.0)
 
         def on_train_batch_begin(self, batch, logs=None):
             self.t0 = time.perf_counter()
 
         def on_train_batch_end(self, batch, logs=None):
             step = time.perf_counter() - self.t0
-            if batch % publish_every == 0:
+            if batch % publish_every == 0 and self.t0 - self.published >= min_interval:
+                self.published = self.t0
                 publish_data({"rank": hvd.rank(), "epoch": self.epoch, "batch": batch, "time": time.time(),
                               "loss": float((logs or {}).get("loss", float("nan"))), "step_time_s": step,
                               "samples_per_s": batch_size / step if step > 0 else None,
@@ -95,6 +101,8 @@ def _callbacks(stop_file: str, publish_every: int, check_every: int):
     class StopWhenAsked(tf.keras.callbacks.Callback):
         """Every ``check_every`` batches each rank checks the stop file, and all agree (max over ranks) before
         stopping, so the ranks leave fit at the same batch and the world stays in step."""
+
+        _supports_tf_logs = True
 
         def on_train_batch_end(self, batch, logs=None):
             if batch % check_every:  # the same batches on every rank, so the collective stays matched
@@ -110,11 +118,11 @@ def _callbacks(stop_file: str, publish_every: int, check_every: int):
     return [Publisher(), StopWhenAsked(), hvd.callbacks.MetricAverageCallback(), CountEpochs()]
 
 
-def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 20) -> dict:
+def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 20, min_interval: float = 0.0) -> dict:
     """Train ``epochs`` more epochs; return this rank's history, whether it was stopped, and a weights digest."""
     hvd = _STATE["hvd"]
     model = _STATE["model"]
-    callbacks = _callbacks(stop_file, publish_every, check_every)
+    callbacks = _callbacks(stop_file, publish_every, check_every, min_interval)
     if not _STATE["broadcast_done"]:
         callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
         _STATE["broadcast_done"] = True

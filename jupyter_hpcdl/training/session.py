@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import ipyparallel as ipp
 
 from ..allocation import SOCKET_ENV, request
+from ..newjob import NewAllocation, engines_job_template
 from ..world import gloo_env, hosts_from_tasks, iface_for, plan_slots
 from . import rank as rank_side
 from .metrics import MetricsTable, rank_rows
@@ -54,12 +55,17 @@ class FitResult:
 class TrainingSession:
     def __init__(self, ranks: int = 2, iface: str | None = None, tf_threads: int = 1, env: dict | None = None,
                  engine_cmd: list[str] | None = None, start_timeout: float = 120, where: str = "auto",
-                 image: str = "hpcdl/base:latest", controller_ip: str | None = None, containers: bool = False):
+                 image: str = "hpcdl/base:latest", controller_ip: str | None = None, containers: bool = False,
+                 new_allocation: NewAllocation | None = None):
         """``where``: "local" (engines on this machine), "allocation" (one engine per rank across the nodes of the
-        batch job this kernel runs in, each in the user's container for ``image``), or "auto" (the allocation when
-        the job's owner is reachable, else local)."""
-        if where not in ("auto", "local", "allocation"):
-            raise ValueError("where must be 'auto', 'local' or 'allocation'")
+        batch job this kernel runs in, each in the user's container for ``image``), "new" (a new batch job for the
+        ranks, as ``new_allocation`` asks, submitted from here: needs the scheduler's client), or "auto" (the
+        allocation when the job's owner is reachable, else local)."""
+        if where not in ("auto", "local", "allocation", "new"):
+            raise ValueError("where must be 'auto', 'local', 'allocation' or 'new'")
+        if where == "new":
+            engines_job_template(new_allocation or NewAllocation(), ranks)  # bad values fail here, not at start
+        self.new_allocation = new_allocation or NewAllocation()
         self.ranks = ranks
         self.where = where
         self.image = image
@@ -88,15 +94,15 @@ class TrainingSession:
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         from horovod.runner.http.http_server import RendezvousServer
 
-        in_allocation = self.where == "allocation" or (self.where == "auto" and self.owner_socket)
+        self.mode = self.where if self.where != "auto" else "allocation" if self.owner_socket else "local"
         self._report("starting")
-        if in_allocation:
-            if not self.owner_socket:
-                raise RuntimeError("no batch allocation to start ranks in: this kernel is not in a jupyter-hpcdl job "
-                                   f"(${SOCKET_ENV} unset); use where='local'")
-            engines, hosts, addr = self._start_in_allocation()
-        else:
-            engines, hosts, addr = self._start_local()
+        try:
+            engines, hosts, addr = {"local": self._start_local, "allocation": self._start_in_allocation,
+                                    "new": self._start_in_new_allocation}[self.mode]()
+        except BaseException:
+            self._report("failed")
+            self._stop_world()  # nothing left behind: no engines, no controller, no queued job
+            raise
         iface = self.iface or iface_for(addr)
         self._rendezvous = RendezvousServer(verbose=0)
         port = self._rendezvous.start()
@@ -125,6 +131,9 @@ class TrainingSession:
 
     def _start_in_allocation(self):
         """A controller here; the engines started by the allocation's owner with srun, one per rank, in containers."""
+        if not self.owner_socket:
+            raise RuntimeError("no batch allocation to start ranks in: this kernel is not in a jupyter-hpcdl job "
+                               f"(${SOCKET_ENV} unset); use where='local', or where='new' for a new batch job")
         addr = self.controller_ip or socket.gethostbyname(socket.gethostname())
         self._cluster = ipp.Cluster(n=0, controller_ip=addr, engines="local", log_level=40)
         self._cluster.start_controller_sync()
@@ -134,6 +143,33 @@ class TrainingSession:
         request(self.owner_socket, "POST", "/engines", {"ranks": self.ranks, "image": self.image,
                                                          "connection_file": connection, "gpus_per_rank": gpus})
         self._client = self._cluster.connect_client_sync()
+        return self._engines_by_task(addr)
+
+    def _start_in_new_allocation(self):
+        """A controller here; a new batch job whose tasks are the engines, submitted by ipyparallel's Slurm engine
+        launcher with our script (and cancelled by it when the world ends)."""
+        from traitlets.config import Config
+
+        if not shutil.which("sbatch"):
+            raise RuntimeError("where='new' submits a batch job, but there is no sbatch here (a kernel inside a "
+                               "container has none): use where='allocation' inside a jupyter-hpcdl job")
+        addr = self.controller_ip or socket.gethostbyname(socket.gethostname())
+        config = Config({"SlurmEngineSetLauncher": {
+            "batch_template": engines_job_template(self.new_allocation, self.ranks),
+            "engine_cmd": self.engine_cmd or container_engine_cmd(self.image)}})
+        self._cluster = ipp.Cluster(n=self.ranks, controller_ip=addr, engines="slurm", config=config, log_level=40)
+        self._client = self._cluster.start_and_connect_sync()
+        return self._engines_by_task(addr)
+
+    @property
+    def job_id(self) -> str | None:
+        """The batch job of the ranks' engines (where='new')."""
+        for launcher in (self._cluster.engines.values() if self._cluster is not None else ()):
+            return getattr(launcher, "job_id", None) or None
+        return None
+
+    def _engines_by_task(self, addr: str):
+        """Wait for the engines srun started; order them by Slurm task (the ranks) and say where they run."""
         self._client.wait_for_engines(self.ranks, timeout=self.start_timeout)
         engines = sorted(self._client.ids)[: self.ranks]
         tasks = self._client[engines].apply_sync(_slurm_task)
@@ -159,7 +195,7 @@ class TrainingSession:
                 except Exception:
                     pass
                 self._client.close()
-            if self.owner_socket and self.where != "local":
+            if self.owner_socket and getattr(self, "mode", None) == "allocation":
                 try:
                     request(self.owner_socket, "DELETE", "/engines")
                 except (OSError, RuntimeError):
@@ -260,14 +296,16 @@ class TrainingSession:
 
 
     def fit(self, epochs: int = 1, publish_every: int = 5, on_metrics=None, poll: float = 0.1,
-            stop_check_every: int = 20) -> FitResult:
-        """Train ``epochs`` more epochs on all ranks, streaming metrics (every ``publish_every`` batches) into
-        :attr:`metrics` and ``on_metrics``; the ranks look for a stop request every ``stop_check_every`` batches."""
+            stop_check_every: int = 20, publish_interval: float = 0.1) -> FitResult:
+        """Train ``epochs`` more epochs on all ranks, streaming metrics (every ``publish_every`` batches, at most
+        every ``publish_interval`` seconds) into :attr:`metrics` and ``on_metrics``; the ranks look for a stop
+        request every ``stop_check_every`` batches."""
         if os.path.exists(self.stop_file):
             os.unlink(self.stop_file)
         t0 = time.perf_counter()
         self._report("training")
-        ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every, stop_check_every)
+        ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every, stop_check_every,
+                                    publish_interval)
         while not ar.ready():
             self._collect(ar, on_metrics)
             self._raise_if_dead("fit")  # the others wait in a collective that will never complete
@@ -374,11 +412,10 @@ def container_engine_cmd(image: str) -> list[str]:
     these variables, which must be passed into the container by name."""
     import sys
 
-    from ..containers.kernelspec import KERNEL_ENV
+    from ..allocation import ENGINE_ENV
+    from ..containers.kernelspec import in_container_argv
 
-    names = ("IPP_CLUSTER_ID", "IPP_PROFILE_DIR", "IPP_CONNECTION_INFO", *KERNEL_ENV)
-    return [sys.executable, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), image, "--",
-            "python3", "-m", "ipyparallel.engine"]
+    return in_container_argv(image, sys.executable, ENGINE_ENV, ["python3", "-m", "ipyparallel.engine"])
 
 
 def _weak_shard(data_fn, base: int):
