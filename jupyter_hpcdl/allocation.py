@@ -7,17 +7,22 @@ user's private job directory (file permissions are the authentication). The Jupy
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from typing import Mapping, Sequence
 
 from .containers.kernelspec import KERNEL_ENV, in_container_argv
 from .containers.spec import check_image_ref
+from .jobvalues import gres_count
 
 SOCKET_ENV = "HPCDL_ALLOCATION_FILE"
+#: What MPI in the container needs from srun's PMIx: its per-task variables, and its rendezvous under /tmp.
+MPI_IN_CONTAINER = ("--env-prefix=PMIX_", "--env-prefix=SLURM_", "--env-prefix=OMPI_", "--volume=/tmp")
 #: What an engine in a container gets by name: the kernel's variables, its Slurm task, and ipyparallel's cluster.
 ENGINE_ENV = (*KERNEL_ENV, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
               "SLURM_STEP_NODELIST", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR", "IPP_CONNECTION_INFO")
@@ -28,7 +33,7 @@ def default_socket_path(job_id: str) -> str:
 
 
 def engine_srun_argv(ranks: int, nodes: int, image: str, connection_file: str, python: str = sys.executable,
-                     gpus_per_rank: int = 0) -> list[str]:
+                     gpus_per_rank: int = 0, mpi: bool = False) -> list[str]:
     """srun that starts ``ranks`` ipyparallel engines spread block-wise over ``nodes`` nodes, each in the user's
     container for ``image`` (created on first use), with its own GPU where there are GPUs."""
     check_image_ref(image)
@@ -40,8 +45,11 @@ def engine_srun_argv(ranks: int, nodes: int, image: str, connection_file: str, p
             "--job-name=hpcdl-engines"]
     if gpus_per_rank:
         argv.append(f"--gpus-per-task={gpus_per_rank}")
+    if mpi:
+        argv.append("--mpi=pmix")  # the ranks' MPI world comes from srun
     return argv + in_container_argv(image, python, ENGINE_ENV,
-                                    ["python3", "-m", "ipyparallel.engine", f"--file={connection_file}", "--quiet"])
+                                    ["python3", "-m", "ipyparallel.engine", f"--file={connection_file}", "--quiet"],
+                                    MPI_IN_CONTAINER if mpi else ())
 
 
 SESSION_STATES = ("none", "starting", "idle", "training", "stopped", "failed")
@@ -59,24 +67,21 @@ def parse_time_left(text: str) -> int | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def gpus_from_gres(gres: str) -> int:
-    """GPUs per node in a job's gres ("gpu:2", "gres/gpu:tesla:2", "gres:gpu:2(IDX:0-1)"); 0 when there are none."""
-    m = re.search(r"gpu(?::[A-Za-z_]\w*)?:(\d+)", gres or "")
-    return int(m.group(1)) if m else 0
-
-
 def session_report(body: dict) -> dict:
-    """A kernel's report of its training session (state and ranks), checked field by field: only plain values of
-    the known fields are kept, so what the panel shows cannot carry anything else."""
-    state = body.get("session")
+    """A kernel's report of its training session (its id, state and ranks), checked field by field: only plain
+    values of the known fields are kept (a number that is not finite becomes None), so what the panel shows cannot
+    carry anything else."""
+    state, session_id = body.get("session"), body.get("id", "")
     if state not in SESSION_STATES:
         raise ValueError(f"session must be one of {', '.join(SESSION_STATES)}")
+    if not isinstance(session_id, str) or len(session_id) > 64:
+        raise ValueError("id must be a string of at most 64 characters")
     ranks = body.get("ranks", [])
     if not isinstance(ranks, list) or len(ranks) > 4096:
         raise ValueError("ranks must be a list of at most 4096 rank records")
     clean = []
     for rank in ranks:
-        if not isinstance(rank, dict) or not isinstance(rank.get("rank"), int):
+        if not isinstance(rank, dict) or not isinstance(rank.get("rank"), int) or isinstance(rank["rank"], bool):
             raise ValueError("each rank record needs a whole-number 'rank'")
         row = {}
         for name, kind in RANK_FIELDS.items():
@@ -85,10 +90,12 @@ def session_report(body: dict) -> dict:
                 row[name] = None
             elif isinstance(value, (int, float, str, bool)):
                 row[name] = str(value)[:64] if kind is str else kind(value)
+                if kind is float and not math.isfinite(row[name]):
+                    row[name] = None
             else:
                 raise ValueError(f"rank field {name!r} must be a plain value")
         clean.append(row)
-    return {"session": state, "ranks": clean}
+    return {"id": session_id, "session": state, "ranks": clean}
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -103,7 +110,7 @@ class AllocationOwner:
         self.environ = dict(os.environ if environ is None else environ)
         self.job_id = self.environ.get("SLURM_JOB_ID", "")
         self._steps: list[subprocess.Popen] = []
-        self.session: dict = {"session": "none", "ranks": []}
+        self.sessions: dict[str, tuple[float, dict]] = {}  # by session id: (when reported, report)
 
     def describe(self) -> dict:
         if not self.job_id:
@@ -114,18 +121,36 @@ class AllocationOwner:
         left = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%L|%P|%b"], capture_output=True, text=True)
         time_left, partition, gres = (left.stdout.strip().split("|") + ["", "", ""])[:3]
         return {"in_job": True, "job_id": self.job_id, "nodes": nodes, "partition": partition, "gres": gres,
-                "gpus_per_node": gpus_from_gres(gres), "time_left": time_left,
+                "gpus_per_node": gres_count(gres), "time_left": time_left,
                 "time_left_s": parse_time_left(time_left),
                 "cuda_visible_devices": self.environ.get("CUDA_VISIBLE_DEVICES"),
                 "engine_steps": [{"pid": p.pid, "running": p.poll() is None} for p in self._steps],
-                **self.session}
+                **self.current_session()}
 
-    def start_engines(self, ranks: int, image: str, connection_file: str, gpus_per_rank: int = 0) -> dict:
+    def report(self, report: dict, now: float | None = None) -> None:
+        """Keep a kernel's session report; a closed session ("none") is forgotten."""
+        if report["session"] == "none":
+            self.sessions.pop(report["id"], None)
+        else:
+            self.sessions[report["id"]] = (time.time() if now is None else now, report)
+
+    def current_session(self, now: float | None = None, stale_after: float = 30.0) -> dict:
+        """The most recently reported session. One reported as training but silent for ``stale_after`` seconds
+        (its kernel gone, say) is shown as "stale"."""
+        if not self.sessions:
+            return {"session": "none", "ranks": []}
+        when, report = max(self.sessions.values(), key=lambda item: item[0])
+        now = time.time() if now is None else now
+        state = "stale" if report["session"] == "training" and now - when > stale_after else report["session"]
+        return {"session": state, "ranks": report["ranks"], "sessions": len(self.sessions)}
+
+    def start_engines(self, ranks: int, image: str, connection_file: str, gpus_per_rank: int = 0,
+                      mpi: bool = False) -> dict:
         if not self.job_id:
             raise ValueError("not inside a batch job")
         nodes = len(hostnames(self.environ["SLURM_JOB_NODELIST"]))
         nodes = min(nodes, ranks)
-        argv = engine_srun_argv(ranks, nodes, image, connection_file, gpus_per_rank=gpus_per_rank)
+        argv = engine_srun_argv(ranks, nodes, image, connection_file, gpus_per_rank=gpus_per_rank, mpi=mpi)
         log = open(os.path.join(os.path.dirname(connection_file), f"engines-{len(self._steps)}.log"), "ab")
         step = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.environ)
         self._steps.append(step)
@@ -157,10 +182,11 @@ def handle(owner: AllocationOwner, method: str, path: str, body: dict) -> tuple[
                 return 400, {"message": "ranks must be a whole number from 1 to 4096"}
             if not isinstance(image, str) or not isinstance(conn, str):
                 return 400, {"message": "image and connection_file are required strings"}
-            return 201, owner.start_engines(ranks, image, conn, int(body.get("gpus_per_rank", 0)))
+            return 201, owner.start_engines(ranks, image, conn, int(body.get("gpus_per_rank", 0)),
+                                            body.get("mpi") is True)
         if method == "PUT" and path == "/session":
-            owner.session = session_report(body)
-            return 200, owner.session
+            owner.report(session_report(body))
+            return 200, owner.current_session()
         if method == "DELETE" and path == "/engines":
             return 200, {"stopped": owner.stop_engines()}
         return 404, {"message": f"no {method} {path}"}

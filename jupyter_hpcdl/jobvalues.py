@@ -35,3 +35,18 @@ def check_name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not NAME.match(value):
         raise ValueError(f"{kind} {value!r} is not a valid name: letters, digits, '_', '.', '-' (at most 64)")
     return value
+
+
+def gres_count(gres: str, kind: str = "gpu") -> int:
+    """How many of ``kind`` a GRES string holds: ``gpu:4``, ``gpu:a100-sxm:2(S:0-1)``, ``gres/gpu:2`` (squeue),
+    ``gres:gpu:0,tmpdisk:10``; 0 when there are none."""
+    total = 0
+    for item in (gres or "").split(","):
+        parts = item.split("(")[0].strip().split(":")
+        if parts[0] == "gres":
+            parts = parts[1:]
+        elif parts[0].startswith("gres/"):
+            parts[0] = parts[0][len("gres/"):]
+        if len(parts) > 1 and parts[0] == kind and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total

@@ -25,9 +25,10 @@ def _whole(kind: str, value, low: int, high: int) -> int:
     return value
 
 
-def engines_job_template(alloc: NewAllocation, ranks: int) -> str:
+def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False) -> str:
     """The batch script as an ipyparallel batch template: ``{n}``, ``{cluster_id}``, ``{profile_dir}`` and
-    ``{program_and_args}`` (the engine in its container) are filled in by the launcher."""
+    ``{program_and_args}`` (the engine in its container) are filled in by the launcher. ``mpi``: srun gives the
+    ranks their MPI world (PMIx)."""
     nodes = _whole("nodes", alloc.nodes, 1, 4096)
     _whole("ranks", ranks, nodes, 65536)
     gpus = _whole("gpus_per_rank", alloc.gpus_per_rank, 0, 16)
@@ -41,5 +42,5 @@ def engines_job_template(alloc: NewAllocation, ranks: int) -> str:
         lines.append(f"#SBATCH --account={check_name('account', alloc.account)}")
     if gpus:
         lines.append(f"#SBATCH --gpus-per-task={gpus}")
-    lines.append("srun --kill-on-bad-exit=0 {program_and_args}")
+    lines.append("srun --kill-on-bad-exit=0 " + ("--mpi=pmix " if mpi else "") + "{program_and_args}")
     return "\n".join(lines) + "\n"

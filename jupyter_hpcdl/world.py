@@ -77,6 +77,12 @@ def gloo_env(slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str)
     }
 
 
+def mpi_env() -> dict[str, str]:
+    """What a rank needs to join the world over MPI: its rank and size come from the MPI launcher (mpiexec, or
+    srun with a PMI plugin)."""
+    return {"HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi"}
+
+
 def hosts_from_tasks(tasks: Sequence[tuple[int, str]]) -> list[tuple[str, int]]:
     """Hosts and their task counts, in rank order, from (rank, host) pairs of a block-distributed step."""
     hosts: list[tuple[str, int]] = []

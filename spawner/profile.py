@@ -14,6 +14,7 @@ from traitlets.config import Configurable
 
 from jupyter_hpcdl.jobvalues import NAME as _NAME, format_walltime, parse_walltime  # noqa: F401 (re-exported)
 
+
 @dataclass(frozen=True)
 class Partition:
     name: str

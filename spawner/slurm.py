@@ -4,22 +4,14 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from jupyter_hpcdl.jobvalues import gres_count
+
 from .options import JobRequest
 from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler
 
 _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
 _SEP = "|"
-
-
-def _gres_count(gres: str, kind: str = "gpu") -> int:
-    """GPUs in a GRES string such as ``gpu:4``, ``gpu:a100:2(S:0-1)`` or ``gpu:0,tmpdisk:10``."""
-    total = 0
-    for item in gres.split(","):
-        parts = item.split("(")[0].split(":")
-        if parts[0] == kind and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total
 
 
 class Slurm(Scheduler):
@@ -90,7 +82,7 @@ class Slurm(Scheduler):
             partition, _node, state, gres, used = fields[:5]
             partition = partition.rstrip("*")
             up = not any(s in state for s in ("down", "drain", "fail", "maint", "inval", "unknown"))
-            total, busy = _gres_count(gres), _gres_count(used)
+            total, busy = gres_count(gres), gres_count(used)
             a = acc.setdefault(partition, [0, 0, 0, 0])
             a[0] += 1
             a[1] += int(up and state.startswith("idle"))

@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jupyter_hpcdl.allocation import AllocationOwner, gpus_from_gres, handle, parse_time_left, session_report
+from jupyter_hpcdl.allocation import AllocationOwner, handle, parse_time_left, session_report
+from jupyter_hpcdl.jobvalues import gres_count
 from jupyter_hpcdl.dashboard.series import (batches_per_epoch, epoch_progress, parse_rank_counts, rank_series,
                                             rank_table_html)
 from jupyter_hpcdl.training.metrics import rank_rows
@@ -29,33 +30,40 @@ def test_time_left_from_squeue(text, seconds):
 
 
 @pytest.mark.parametrize("gres, gpus", [("gpu:2", 2), ("gres/gpu:4", 4), ("gres:gpu:tesla:3(IDX:0-2)", 3),
-                                        ("N/A", 0), ("", 0), ("gres/mps:100", 0)])
+                                        ("gpu:a100-sxm:2", 2), ("gpu:2g.10gb:1", 1), ("gpu:1,gpu:a100:2", 3),
+                                        ("N/A", 0), ("", 0), ("gres/mps:100", 0), ("gpu", 0)])
 def test_gpus_per_node_from_gres(gres, gpus):
-    assert gpus_from_gres(gres) == gpus
+    assert gres_count(gres) == gpus
 
 
 def test_session_report_keeps_only_known_plain_fields():
-    clean = session_report({"session": "training", "ranks": [
+    clean = session_report({"id": "k1", "session": "training", "ranks": [
         {"rank": 0, "node": "node1" * 40, "gpu": "0", "state": "training", "straggler": True, "loss": 1,
-         "samples_per_s": None, "extra": "<script>"}]})
-    assert clean == {"session": "training", "ranks": [
+         "samples_per_s": float("nan"), "extra": "<script>"}]})
+    assert clean == {"id": "k1", "session": "training", "ranks": [
         {"rank": 0, "node": ("node1" * 40)[:64], "gpu": "0", "state": "training", "straggler": True, "loss": 1.0,
          "samples_per_s": None}]}
+    json.dumps(clean, allow_nan=False)  # what the panel gets is strict JSON
     with pytest.raises(ValueError, match="session must be one of"):
         session_report({"session": "rm -rf", "ranks": []})
-    with pytest.raises(ValueError, match="whole-number 'rank'"):
-        session_report({"session": "idle", "ranks": [{"rank": "0"}]})
+    for bad_rank in ("0", True):
+        with pytest.raises(ValueError, match="whole-number 'rank'"):
+            session_report({"session": "idle", "ranks": [{"rank": bad_rank}]})
     with pytest.raises(ValueError, match="plain value"):
         session_report({"session": "idle", "ranks": [{"rank": 0, "loss": [1]}]})
 
 
-def test_owner_keeps_the_kernels_report_and_refuses_bad_ones():
+def test_owner_keeps_each_kernels_report_and_refuses_bad_ones():
     owner = AllocationOwner(environ={})
-    assert handle(owner, "PUT", "/session", {"session": "idle", "ranks": [{"rank": 0}]})[0] == 200
-    assert owner.session["ranks"][0]["rank"] == 0
-    status, reply = handle(owner, "PUT", "/session", {"session": "bogus"})
+    assert handle(owner, "PUT", "/session", {"id": "a", "session": "idle", "ranks": [{"rank": 0}]})[0] == 200
+    assert owner.current_session()["ranks"][0]["rank"] == 0
+    status, reply = handle(owner, "PUT", "/session", {"id": "a", "session": "bogus"})
     assert status == 400 and "session must be one of" in reply["message"]
-    assert owner.session["session"] == "idle", "a refused report changes nothing"
+    assert owner.current_session()["session"] == "idle", "a refused report changes nothing"
+    owner.report(session_report({"id": "b", "session": "training", "ranks": []}), now=time.time() + 1)
+    owner.report(session_report({"id": "a", "session": "none"}))  # kernel a closed its session: b's stays
+    assert owner.current_session(now=time.time() + 2) == {"session": "training", "ranks": [], "sessions": 1}
+    assert owner.current_session(now=time.time() + 60)["session"] == "stale", "a silent 'training' is not trusted"
     outside = handle(owner, "GET", "/allocation", {})[1]
     assert outside["in_job"] is False and "Not in a batch job" in outside["message"]
 
@@ -153,9 +161,12 @@ def test_errors_show_in_place(dashboard, tmp_path):
 
 
 def test_scaling_tab_runs_plots_against_ideal_and_exports(dashboard):
-    s = dashboard.scaling
+    s, d = dashboard.scaling, dashboard.training
+    trained = d.session.weights_digest()
     s.counts.value = "1, 2"
     s.run_button.click()
+    assert s.run_button.disabled and d.buttons["Train"].disabled, "one action at a time, from either tab"
+    assert not d.run_in_background(d.train, d.error), "a second action must not start while one runs"
     s.wait(600)
     assert s.error.value == "", s.error.value
     assert list(s.measured.x) == [1.0, 2.0] and list(s.ideal.y) == [1.0, 2.0]
@@ -164,7 +175,20 @@ def test_scaling_tab_runs_plots_against_ideal_and_exports(dashboard):
     csv, png = s.export()
     assert pd.read_csv(csv)["ranks"].tolist() == [1, 2]
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert dashboard.training.ranks.value == 2 and dashboard.training.session.ranks == 2
+    assert d.ranks.value == 2 and d.session.ranks == 2
+    assert d.session.weights_digest() == trained, "the scaling run did not give the trained model back"
+
+
+def test_close_then_train_starts_again(dashboard):
+    d = dashboard.training
+    d.buttons["Close"].click()
+    d.wait(120)
+    assert "ranks stopped" in d.status.value and not d.session.alive
+    d.epochs.value = 1
+    d.buttons["Train"].click()
+    d.wait(300)
+    assert d.error.value == "", d.error.value
+    assert "done: 1 epochs" in d.status.value and d.session.alive
 
 
 # -- the server extension's handler in a real Jupyter server -----------------------------------------------------------

@@ -141,7 +141,7 @@ def test_in_alices_job_the_panel_shows_the_allocation_and_the_ranks(bed, alice, 
         assert page.inner_text(".jp-hpcdl-job-id").strip() in job
         assert page.inner_text(".jp-hpcdl-partition").strip() == "gpu"
         assert re.sub(r"\s", "", page.inner_text(".jp-hpcdl-nodes")) in ("node1,node2", "node[1-2]")
-        assert "2" in page.inner_text(".jp-hpcdl-gpus")
+        assert page.inner_text(".jp-hpcdl-gpus").strip() == "1 × 2 = 2"
         assert re.search(r"\b(29|30|0:29|0:30):\d\d", page.inner_text(".jp-hpcdl-time-left"))
         assert f"Job {page.inner_text('.jp-hpcdl-job-id').strip()}" in page.inner_text(".jp-hpcdl-statusbar")
 

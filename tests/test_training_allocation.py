@@ -4,7 +4,9 @@ the host side), one per GPU, join one Horovod world over Gloo, and train on real
 arrive from every rank; a killed rank is reported within seconds and a new world continues from the checkpoint."""
 import inspect
 import json
+import subprocess
 
+import psutil
 import pytest
 
 import workloads
@@ -100,3 +102,54 @@ def test_a_new_allocation_when_asked_trains_and_is_cancelled_at_close(alice):
     assert result["world"] == [[0, "node1", "0"], [1, "node2", "0"]]
     assert result["loss"][-1] < result["loss"][0]
     assert result["after"] in ([], ["COMPLETING"], ["CANCELLED"]), "the ranks' job outlived the session"
+
+
+MPI_JOB_CODE = """
+import json
+from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.training import TrainingSession
+from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
+
+session = TrainingSession(ranks=2, where="new", world="mpi", start_timeout=240,
+                          new_allocation=NewAllocation(nodes=1, walltime="00:10:00", partition="gpu", gpus_per_rank=1))
+try:
+    world = session.start()
+    session.setup(digits_model, digits_shard, loss=digits_loss, lr=0.1)
+    fit = session.fit(epochs=2)
+finally:
+    session.close()
+print(json.dumps({"loss": fit.loss, "world": sorted((w["rank"], w["size"], w["cuda_visible_devices"]) for w in world)}))
+"""
+
+
+def test_an_mpi_world_from_srun_pmix_in_containers(alice):
+    """world='mpi' in a batch job: srun --mpi=pmix starts the engines in containers and Horovod joins over MPI.
+    (One node: the test bed's two slurmd share one /tmp, where PMIx keeps per-step directories.)"""
+    r = alice.run(alice.bed["venv"] + "/bin/python", "-c", MPI_JOB_CODE, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["world"] == [[0, 2, "0"], [1, 2, "1"]], "one MPI world of two ranks, each its own GPU"
+    assert result["loss"][-1] < result["loss"][0]
+
+
+REFUSED_CODE = """
+import subprocess
+from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.training import TrainingSession
+
+session = TrainingSession(ranks=2, where="new", new_allocation=NewAllocation(partition="nosuch"))
+try:
+    session.start()
+except Exception as e:
+    print("REFUSED", type(e).__name__, str(e).splitlines()[0][:300])
+"""
+
+
+def test_a_refused_new_allocation_says_why_and_leaves_nothing(alice):
+    r = alice.run(alice.bed["venv"] + "/bin/python", "-c", REFUSED_CODE, timeout=300)
+    assert "REFUSED" in r.stdout, r.stdout + r.stderr
+    assert "invalid partition" in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
+    jobs = subprocess.run(["squeue", "-h", "-u", "alice", "-o", "%j"], capture_output=True, text=True, check=True)
+    assert not [j for j in jobs.stdout.split() if j.startswith("hpcdl-engines")]
+    assert not [p for p in psutil.process_iter(["username", "cmdline"])
+                if p.info["username"] == "alice" and "ipyparallel.controller" in " ".join(p.info["cmdline"] or [])]

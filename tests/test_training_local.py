@@ -1,6 +1,7 @@
 """A training session in local mode (no batch system): 2 Horovod ranks as ipyparallel engines train a Keras model on
 scikit-learn's digits, interactively — epochs and more epochs, live per-rank metrics, identical weights, stop
 mid-epoch, learning rate changes, atomic checkpoints and resume."""
+import os
 import sys
 
 import cloudpickle
@@ -143,9 +144,29 @@ def test_scaling_experiment_gives_throughput_speedup_efficiency(tmp_path):
 
     with TrainingSession(ranks=1) as s:
         s.setup(digits_model, digits_shard, loss=logits_loss(), lr=0.1)
+        trained = s.fit(epochs=1).weights
         table = s.scaling([1, 2], epochs=1, mode="weak", csv=str(tmp_path / "scaling.csv"), plot=str(tmp_path / "scaling.png"))
+        assert (s.ranks, s.epochs_done, s.weights_digest()) == (1, 1, trained), "the trained model was not kept"
     assert list(table["ranks"]) == [1, 2]
     assert (table["throughput"] > 0).all() and table.loc[0, "speedup"] == 1.0
     assert table["efficiency"].tolist() == pytest.approx((table["speedup"] / table["ideal"]).tolist())
     assert pd.read_csv(tmp_path / "scaling.csv").shape == table.shape
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_mpi_world_from_mpiexec_engines(monkeypatch):
+    """world='mpi': ipyparallel's MPI launcher starts the engines under mpiexec and Horovod joins over MPI."""
+    if os.geteuid() == 0:  # Open MPI refuses root unless told (the test runner is root on the test bed)
+        monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        monkeypatch.setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    s = TrainingSession(ranks=2, world="mpi")
+    try:
+        world = s.start()
+        assert sorted((w["rank"], w["size"], w["local_rank"]) for w in world) == [(0, 2, 0), (1, 2, 1)]
+        s.setup(digits_model, digits_shard, loss=logits_loss(), lr=0.1)
+        first, more = s.fit(epochs=1), s.fit(epochs=1)  # fit checks that both ranks hold identical weights
+        assert more.loss[-1] < first.loss[0]
+    finally:
+        s.close()
+    with pytest.raises(ValueError, match="world must be 'gloo'"):
+        TrainingSession(world="nccl")

@@ -59,6 +59,9 @@ def test_engine_step_runs_engines_in_the_container_one_gpu_each():
         engine_srun_argv(1, 2, "hpcdl/base:latest", "/x.json")
     with pytest.raises(ValueError, match="image reference"):
         engine_srun_argv(2, 1, "Bad Image", "/x.json")
+    mpi = engine_srun_argv(2, 1, "hpcdl/base:latest", "/x.json", python="/v/bin/python", mpi=True)
+    assert mpi[:7] == ["srun", "--ntasks=2", "--nodes=1", "--distribution=block", "--kill-on-bad-exit=0",
+                       "--job-name=hpcdl-engines", "--mpi=pmix"]
 
 
 def test_owner_api_validates_and_says_what_is_wrong():
@@ -84,8 +87,19 @@ def test_new_allocation_script_is_built_from_checked_values():
         "#SBATCH --output=/home/a/.ipython/profile_default/log/hpcdl-engines-%j.out", "#SBATCH --partition=gpu",
         "#SBATCH --account=proj-a", "#SBATCH --gpus-per-task=1",
         "srun --kill-on-bad-exit=0 python -m jupyter_hpcdl.containers run hpcdl/base:latest -- engine"]
+    assert engines_job_template(NewAllocation(), 1, mpi=True).endswith("srun --kill-on-bad-exit=0 --mpi=pmix "
+                                                                        "{program_and_args}\n")
     for bad, message in ((dict(partition="gpu\n#SBATCH --uid=0"), "partition"), (dict(account="a;b"), "account"),
                          (dict(nodes=3), "ranks must be a whole number from 3"), (dict(walltime="1h"), "walltime"),
                          (dict(gpus_per_rank=True), "gpus_per_rank"), (dict(partition="{n}"), "partition")):
         with pytest.raises(ValueError, match=message):
             engines_job_template(NewAllocation(**bad), ranks=2)
+
+
+def test_engines_that_did_not_join_one_world_are_refused():
+    from jupyter_hpcdl.training.session import check_one_world
+
+    check_one_world([{"rank": 1, "size": 2}, {"rank": 0, "size": 2}], 2)
+    for world in ([{"rank": 0, "size": 1}, {"rank": 0, "size": 1}], [{"rank": 0, "size": 2}, {"rank": 2, "size": 2}]):
+        with pytest.raises(RuntimeError, match="did not join one Horovod world"):
+            check_one_world(world, 2)

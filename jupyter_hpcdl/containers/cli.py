@@ -8,7 +8,7 @@ import sys
 
 from .errors import ContainerError
 from .site import load_site
-from .spec import Mount, RunSpec
+from .spec import Mount, RunSpec, names_with_prefixes
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
     r.add_argument("-e", "--env", action="append", default=[], metavar="NAME", help="pass this variable by name")
     r.add_argument("--env-file", action="append", default=[], help="pass the variables in this file")
+    r.add_argument("--env-prefix", action="append", default=[], metavar="PREFIX",
+                   help="pass every variable whose name starts with PREFIX, by name")
     r.add_argument("-v", "--volume", action="append", default=[], metavar="HOST[:CONTAINER]", help="bind mount")
     r.add_argument("-w", "--workdir")
     return p
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ContainerError("run needs a command: hpcdl-containers run IMAGE -- CMD [ARGS...]")
             mounts = [Mount(*v.split(":", 1)) if ":" in v else Mount(v) for v in args.volume]
             spec = RunSpec(container=ud.ensure_container(args.image), command=command, mounts=mounts,
-                           env_names=args.env, env_files=args.env_file, workdir=args.workdir or _cwd_in_home())
+                           env_names=[*args.env, *names_with_prefixes(os.environ, args.env_prefix)],
+                           env_files=args.env_file, workdir=args.workdir or _cwd_in_home())
             return _run_foreground(ud.start(spec))
     except (ContainerError, FileNotFoundError, ValueError) as e:
         print(f"hpcdl-containers: error: {e}", file=sys.stderr)

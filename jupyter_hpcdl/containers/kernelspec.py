@@ -12,12 +12,13 @@ KERNEL_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_JOB_ID", 
               "SLURM_JOB_PARTITION", "SLURMD_NODENAME", "HPCDL_ALLOCATION_FILE")
 
 
-def in_container_argv(image: str, host_python: str, env_names: Sequence[str], command: Sequence[str]) -> list[str]:
+def in_container_argv(image: str, host_python: str, env_names: Sequence[str], command: Sequence[str],
+                      options: Sequence[str] = ()) -> list[str]:
     """``command`` run by ``hpcdl-containers run`` in the user's container for ``image``, with the host's variables
-    ``env_names`` passed in by name (never their values on a command line)."""
+    ``env_names`` passed in by name (never their values on a command line), and further run ``options``."""
     check_image_ref(image)
-    return [host_python, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in env_names), image, "--",
-            *command]
+    return [host_python, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in env_names), *options,
+            image, "--", *command]
 
 
 def container_kernelspec(image: str, host_python: str, display_name: str | None = None,

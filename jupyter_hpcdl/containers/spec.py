@@ -212,6 +212,15 @@ def build_run_command(spec: RunSpec, install: UdockerInstall, env_file: str | No
     return argv + [spec.container, *spec.command]
 
 
+def names_with_prefixes(environ: Mapping[str, str], prefixes: Sequence[str]) -> list[str]:
+    """The names in ``environ`` that start with one of ``prefixes`` (e.g. ``PMIX_``: variables an MPI launcher sets
+    per task, whose names are not known in advance)."""
+    for prefix in prefixes:
+        if not isinstance(prefix, str) or not _ENV_NAME.match(prefix):
+            raise InvalidSpec(f"environment variable prefix {prefix!r} is not valid: use letters, digits and '_'")
+    return sorted(n for n in environ if _ENV_NAME.match(n) and any(n.startswith(p) for p in prefixes))
+
+
 def env_file_text(names: Sequence[str], environ: Mapping[str, str]) -> str:
     """The env-file lines for the variables ``names`` that are set in ``environ`` (one ``NAME=value`` a line).
     A value with a line break cannot be carried by udocker's env-file format and is refused."""

@@ -19,7 +19,7 @@ def figure(title: str, xlabel: str, ylabel: str, width: str = "32%") -> bq.Figur
 
 
 def set_rank_lines(fig: bq.Figure, series: dict[int, tuple[list, list]]) -> None:
-    """One line per rank (added when a rank first appears), data replaced in place."""
+    """One line per rank (added when a rank first appears, removed when it is gone), data replaced in place."""
     x, y = fig.scales_
     lines = {int(m.labels[0].split()[-1]): m for m in fig.marks}
     new = []
@@ -32,8 +32,8 @@ def set_rank_lines(fig: bq.Figure, series: dict[int, tuple[list, list]]) -> None
         else:
             with line.hold_sync():
                 line.x, line.y = steps, values
-    if new:
-        fig.marks = [*fig.marks, *new]
+    if new or set(lines) - set(series):
+        fig.marks = [m for r, m in sorted(lines.items()) if r in series] + new
 
 
 def clear(fig: bq.Figure) -> None:
@@ -42,7 +42,7 @@ def clear(fig: bq.Figure) -> None:
 
 def scaling_figure() -> tuple[bq.Figure, bq.Lines, bq.Lines, bq.Lines]:
     """Speedup (measured, ideal) and efficiency against the rank count."""
-    x, y = bq.LinearScale(min=0), bq.LinearScale(min=0)
+    x, y = bq.LinearScale(), bq.LinearScale(min=0)
     measured = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, marker="circle", labels=["speedup"], display_legend=True,
                         colors=[COLORS[0]])
     ideal = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, line_style="dashed", labels=["ideal"], display_legend=True,
@@ -56,8 +56,9 @@ def scaling_figure() -> tuple[bq.Figure, bq.Lines, bq.Lines, bq.Lines]:
     return fig, measured, ideal, efficiency
 
 
-def set_scaling(measured: bq.Lines, ideal: bq.Lines, efficiency: bq.Lines, table) -> None:
+def set_scaling(fig: bq.Figure, measured: bq.Lines, ideal: bq.Lines, efficiency: bq.Lines, table) -> None:
     ranks = [float(r) for r in table["ranks"]]
+    fig.axes[0].tick_values = ranks  # a tick at each rank count measured
     for line, column in ((measured, "speedup"), (ideal, "ideal"), (efficiency, "efficiency")):
         with line.hold_sync():
             line.x, line.y = ranks, [float(v) for v in table[column]]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import os
-import threading
 
 import ipywidgets as w
 
@@ -21,24 +20,28 @@ class ScalingPanel(w.VBox):
         self.max_ranks = max_ranks
         self.export_dir = os.path.expanduser(export_dir)
         self.table_frame = None
-        self._worker: threading.Thread | None = None
         style = {"description_width": "initial"}
         self.counts = w.Text(value=counts, description="rank counts", style=style, layout=w.Layout(width="220px"))
-        self.mode = w.ToggleButtons(options=["strong", "weak"], value="strong", style={"button_width": "70px"})
-        self.epochs = w.BoundedIntText(value=1, min=1, max=1000, description="epochs per count", style=style,
+        self.mode = w.ToggleButtons(options=["strong", "weak"], value="strong", style={"button_width": "64px"},
+                                    layout=w.Layout(width="auto"))
+        self.epochs = w.BoundedIntText(value=2, min=1, max=1000, description="epochs per count", style=style,
                                        layout=w.Layout(width="170px"))
         self.run_button = w.Button(description="Run scaling", icon="line-chart", button_style="primary")
-        self.export_button = w.Button(description="Export CSV + PNG", icon="download", disabled=True)
+        self.export_button = w.Button(description="Export CSV + PNG", icon="download", disabled=True,
+                                      layout=w.Layout(width="auto"))
         self.run_button.on_click(lambda _b: self._start())
-        self.export_button.on_click(lambda _b: self._guard(self.export))
+        self.export_button.on_click(lambda _b: self._export())
         self.progress = w.IntProgress(value=0, min=0, max=1, description="0/0 counts", style=style)
         self.figure, self.measured, self.ideal, self.efficiency = charts.scaling_figure()
         self.table = w.HTML("")
         self.exported = w.HTML("")
         self.error = w.HTML("")
-        super().__init__([w.HBox([self.counts, self.mode, self.epochs, self.run_button, self.export_button]),
+        controls = w.HBox([self.counts, self.mode, self.epochs, self.run_button, self.export_button],
+                          layout=w.Layout(flex_flow="row wrap", align_items="center"))
+        super().__init__([controls,
                           self.progress, w.HBox([self.figure, self.table]), self.exported, self.error])
         self.add_class("hpcdl-scaling")
+        dashboard.busy_widgets += [self.run_button, self.counts, self.mode, self.epochs]
 
     def run(self) -> None:
         counts = parse_rank_counts(self.counts.value, self.max_ranks)
@@ -52,15 +55,16 @@ class ScalingPanel(w.VBox):
             self.progress.value, self.progress.description = len(rows), f"{len(rows)}/{len(counts)} counts"
             d._say(f"scaling: {row['ranks']} ranks, {row['throughput']:.0f} samples/s")
 
+        d._fit_range = (1, 1 + self.epochs.value)  # each count: a warm-up epoch and the measured ones
         table = session.scaling(counts, epochs=self.epochs.value, mode=self.mode.value, on_step=step,
                                 on_metrics=lambda _t: d._draw())
         self.table_frame = table
-        charts.set_scaling(self.measured, self.ideal, self.efficiency, table)
+        charts.set_scaling(self.figure, self.measured, self.ideal, self.efficiency, table)
         self.table.value = table.to_html(index=False, float_format=lambda v: f"{v:.3g}", classes="hpcdl-scaling-table")
         d.ranks.value = session.ranks
         d._measure_epoch()
         d._draw(force=True)
-        d._say(f"scaling done ({self.mode.value}); the session now has {session.ranks} ranks")
+        d._say(f"scaling done ({self.mode.value}); the model is back as it was, on {session.ranks} ranks")
         self.export_button.disabled = False
 
     def export(self) -> tuple[str, str]:
@@ -76,23 +80,14 @@ class ScalingPanel(w.VBox):
         return csv, png
 
     def wait(self, timeout: float | None = None) -> None:
-        if self._worker is not None:
-            self._worker.join(timeout)
+        self.dashboard.wait(timeout)
 
     def _start(self) -> None:
-        if self._worker is not None and self._worker.is_alive():
-            return
-        self.run_button.disabled = True
-        self._worker = threading.Thread(target=self._guard, args=(self.run,), name="hpcdl-scaling", daemon=True)
-        self._worker.start()
+        self.dashboard.run_in_background(self.run, self.error, "scaling")
 
-    def _guard(self, action) -> None:
+    def _export(self) -> None:
         self.error.value = ""
-        self.dashboard._set_busy(True)  # one action at a time on the session
         try:
-            action()
+            self.export()
         except Exception as e:
             self.error.value = error_html(f"{type(e).__name__}: {e}")
-        finally:
-            self.run_button.disabled = False
-            self.dashboard._set_busy(False)

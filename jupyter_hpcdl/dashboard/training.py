@@ -35,7 +35,10 @@ class Dashboard(w.VBox):
         self.last_checkpoint: str | None = None
         self.refresh = refresh
         self.per_epoch = 1
+        self._fit_range = (1, epochs)  # the running fit: its first epoch, and how many
         self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.busy_widgets: list[w.DOMWidget] = []  # disabled while an action runs (e.g. the scaling tab's button)
         self._drawn_at = 0.0
 
         style = {"description_width": "initial"}
@@ -71,7 +74,7 @@ class Dashboard(w.VBox):
                           self.table, self.error])
         self.add_class("hpcdl-dashboard")
         self._set_busy(False)
-        if session is not None and session.world and session.batch_size:
+        if session is not None and session.alive and session.has_model:
             self._measure_epoch()
             self._draw(force=True)
 
@@ -85,7 +88,7 @@ class Dashboard(w.VBox):
         taken = s.set_lr(self.lr.value)
         if not all(math.isclose(lr, self.lr.value, rel_tol=1e-6) for lr in taken):
             raise RuntimeError(f"the ranks did not take the learning rate {self.lr.value}: they have {taken}")
-        self._fit_epochs = (s.epochs_done + 1, self.epochs.value)
+        self._fit_range = (s.epochs_done + 1, self.epochs.value)
         self._say(f"training {self.epochs.value} epoch(s) on {s.ranks} ranks")
         result = s.fit(epochs=self.epochs.value, on_metrics=lambda _t: self._draw())
         self._draw(force=True, finished=True)
@@ -101,7 +104,7 @@ class Dashboard(w.VBox):
             self.session.start()
             self._draw(force=True)
             self._say("building the model on every rank")
-        if not getattr(self.session, "_setup", None):
+        if not self.session.has_model:
             model_fn, data_fn, loss, metrics = self.problem
             self.session.setup(model_fn, data_fn, loss, metrics, lr=self.lr.value, batch_size=self.batch_size.value)
         self._measure_epoch()
@@ -123,7 +126,7 @@ class Dashboard(w.VBox):
         path = self.last_checkpoint or os.path.join(self.checkpoint_dir, "latest.npz")
         if not os.path.exists(path):
             raise RuntimeError(f"no checkpoint at {path}: press Checkpoint first")
-        if s.world and not s.dead_ranks() and s._client is not None:
+        if s.alive:
             s.resume(path)
         else:
             self._say(f"starting a new world of {self.ranks.value} ranks from {path}")
@@ -146,7 +149,7 @@ class Dashboard(w.VBox):
         self._say("ranks stopped")
 
     def _require_session(self) -> TrainingSession:
-        if self.session is None or not getattr(self.session, "_setup", None):
+        if self.session is None or not self.session.has_model:
             raise RuntimeError("no model yet: press Train first")
         return self.session
 
@@ -157,20 +160,28 @@ class Dashboard(w.VBox):
                 self.session.stop_training()
                 self._say("stopping after the current batch …")
             return
-        if self._worker is not None and self._worker.is_alive():
-            return
         action = {"Train": self.train, "Checkpoint": self.checkpoint, "Resume": self.resume,
                   "Rescale": self.rescale, "Close": self.stop_ranks}[name]
-        self.error.value = ""
-        self._set_busy(True)
-        self._worker = threading.Thread(target=self._run, args=(action,), name=f"hpcdl-dashboard-{name}", daemon=True)
-        self._worker.start()
+        self.run_in_background(action, self.error, name)
 
-    def _run(self, action) -> None:
+    def run_in_background(self, action, error: w.HTML, name: str = "action") -> bool:
+        """Run ``action`` in the dashboard's one worker thread (one action at a time on the session, from either
+        tab); its error is shown in ``error``. False when another action is still running."""
+        with self._lock:
+            if self._worker is not None and self._worker.is_alive():
+                return False
+            error.value = ""
+            self._set_busy(True)
+            self._worker = threading.Thread(target=self._run, args=(action, error), name=f"hpcdl-dashboard-{name}",
+                                            daemon=True)
+            self._worker.start()
+        return True
+
+    def _run(self, action, error: w.HTML) -> None:
         try:
             action()
         except Exception as e:  # shown in place, with the rank named when a rank failed
-            self.error.value = error_html(f"{type(e).__name__}: {e}")
+            error.value = error_html(f"{type(e).__name__}: {e}")
             self._say("failed")
             self._draw(force=True)
         finally:
@@ -184,7 +195,8 @@ class Dashboard(w.VBox):
     def _set_busy(self, busy: bool) -> None:
         for name, button in self.buttons.items():
             button.disabled = busy if name != "Stop" else not busy
-        self.ranks.disabled = busy
+        for widget in (self.ranks, *self.busy_widgets):
+            widget.disabled = busy
 
     def _say(self, text: str) -> None:
         self.status.value = self._status_text(text)
@@ -203,9 +215,11 @@ class Dashboard(w.VBox):
         self._drawn_at = now
         s = self.session
         frame = s.metrics
+        if s.world:  # the ranks of this world only (a rescale may have had more)
+            frame = frame[frame["rank"].isin([r["rank"] for r in s.world])]
         for column, fig in self.figures.items():
             charts.set_rank_lines(fig, rank_series(frame, column, self.per_epoch))
-        first, epochs = getattr(self, "_fit_epochs", (1, self.epochs.value))
+        first, epochs = self._fit_range
         done, total, label = epoch_progress(s.metrics_table.latest(), self.per_epoch, first, epochs)
         with self.progress.hold_sync():
             self.progress.max, self.progress.value = total, total if finished else done

@@ -53,9 +53,6 @@ class MetricsTable:
                 latest[row["rank"]] = row["step_time_s"]
         return latest
 
-    def stragglers(self, factor: float = 1.5) -> list[int]:
-        return straggler_ranks(self.latest_step_times(), factor)
-
 
 def rank_rows(world: Iterable[Mapping], latest: Mapping[int, Mapping], stragglers: Iterable[int] = (),
               dead: Iterable[int] = (), state: str = "idle") -> list[dict]:

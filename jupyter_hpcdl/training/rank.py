@@ -78,7 +78,8 @@ def _callbacks(stop_file: str, publish_every: int, check_every: int, min_interva
     class Publisher(tf.keras.callbacks.Callback):
         """Live metrics of this rank, sent to the kernel as they happen (ipyparallel's data publication): every
         ``publish_every`` batches, but at most every ``min_interval`` seconds. It takes Keras' logs as tensors
-        (``_supports_tf_logs``), so the batches it does not publish cost no conversion."""
+        (``_supports_tf_logs``), so it adds no per-batch conversion of its own (the first fit's broadcast callback
+        still asks Keras for one)."""
 
         _supports_tf_logs = True
 

@@ -15,17 +15,20 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import time
+import uuid
+import warnings
 from dataclasses import dataclass, field
 
 import ipyparallel as ipp
 
 from ..allocation import SOCKET_ENV, request
 from ..newjob import NewAllocation, engines_job_template
-from ..world import gloo_env, hosts_from_tasks, iface_for, plan_slots
+from ..world import gloo_env, hosts_from_tasks, iface_for, mpi_env, plan_slots
 from . import rank as rank_side
-from .metrics import MetricsTable, rank_rows
+from .metrics import MetricsTable, rank_rows, straggler_ranks
 
 
 class RankError(RuntimeError):
@@ -56,13 +59,18 @@ class TrainingSession:
     def __init__(self, ranks: int = 2, iface: str | None = None, tf_threads: int = 1, env: dict | None = None,
                  engine_cmd: list[str] | None = None, start_timeout: float = 120, where: str = "auto",
                  image: str = "hpcdl/base:latest", controller_ip: str | None = None, containers: bool = False,
-                 new_allocation: NewAllocation | None = None):
+                 new_allocation: NewAllocation | None = None, world: str = "gloo"):
         """``where``: "local" (engines on this machine), "allocation" (one engine per rank across the nodes of the
         batch job this kernel runs in, each in the user's container for ``image``), "new" (a new batch job for the
         ranks, as ``new_allocation`` asks, submitted from here: needs the scheduler's client), or "auto" (the
-        allocation when the job's owner is reachable, else local)."""
+        allocation when the job's owner is reachable, else local). ``world``: the ranks join over "gloo" (a
+        rendezvous the session owns; needs nothing from the site) or "mpi" (engines started by mpiexec locally, or
+        by srun with the PMIx plugin; Horovod built with MPI)."""
         if where not in ("auto", "local", "allocation", "new"):
             raise ValueError("where must be 'auto', 'local', 'allocation' or 'new'")
+        if world not in ("gloo", "mpi"):
+            raise ValueError("world must be 'gloo' (the session's own rendezvous) or 'mpi' (the site's MPI)")
+        self.world_kind = world
         if where == "new":
             engines_job_template(new_allocation or NewAllocation(), ranks)  # bad values fail here, not at start
         self.new_allocation = new_allocation or NewAllocation()
@@ -72,7 +80,7 @@ class TrainingSession:
         self.controller_ip = controller_ip
         self.iface = iface
         self.env = {"TF_CPP_MIN_LOG_LEVEL": "2", "HPCDL_TF_THREADS": str(tf_threads), **(env or {})}
-        self.engine_cmd = engine_cmd or (container_engine_cmd(image) if containers else None)
+        self.engine_cmd = engine_cmd or (container_engine_cmd(image, world == "mpi") if containers else None)
         self.start_timeout = start_timeout
         self.metrics_table = MetricsTable()
         self.world: list[dict] = []
@@ -80,6 +88,8 @@ class TrainingSession:
         self._dir = tempfile.mkdtemp(prefix="hpcdl-session-", dir=os.path.expanduser("~"))
         self.stop_file = os.path.join(self._dir, "stop")
         self.state = "none"
+        self.id = uuid.uuid4().hex
+        self._setup = None
         self.epochs_done = 0  # whole epochs the model has trained (kept through checkpoints)
         self._reported_at = 0.0
 
@@ -90,41 +100,53 @@ class TrainingSession:
         return path if path and os.path.exists(path) else None
 
     def start(self) -> list[dict]:
-        """Start the engines and join them into one Horovod world over Gloo; return each rank's description."""
-        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-        from horovod.runner.http.http_server import RendezvousServer
-
+        """Start the engines and join them into one Horovod world (Gloo, or MPI); return each rank's description."""
         self.mode = self.where if self.where != "auto" else "allocation" if self.owner_socket else "local"
+        os.makedirs(self._dir, mode=0o700, exist_ok=True)  # again after close()
         self._report("starting")
         try:
             engines, hosts, addr = {"local": self._start_local, "allocation": self._start_in_allocation,
                                     "new": self._start_in_new_allocation}[self.mode]()
+            envs = self._gloo_envs(hosts, addr) if self.world_kind == "gloo" else [mpi_env()] * len(engines)
+            # every engine joins at once (hvd.init waits for all ranks)
+            results = [self._client[e].apply_async(rank_side.join, {**self.env, **env})
+                       for e, env in zip(engines, envs)]
+            self.world = [self._get(r, f"engine {e}") for e, r in zip(engines, results)]
+            check_one_world(self.world, len(engines))
         except BaseException:
             self._report("failed")
-            self._stop_world()  # nothing left behind: no engines, no controller, no queued job
+            try:
+                self._stop_world()  # nothing left behind: no engines, no controller, no queued job
+            except Exception as cleanup:  # the first error is the one to tell
+                warnings.warn(f"stopping the ranks after a failed start: {cleanup}")
             raise
-        iface = self.iface or iface_for(addr)
-        self._rendezvous = RendezvousServer(verbose=0)
-        port = self._rendezvous.start()
-        self._rendezvous.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in hosts)), self.ranks))
-        slots = plan_slots(hosts)
-        # every engine joins at once (hvd.init waits for all ranks)
-        results = [self._client[e].apply_async(rank_side.join, {**self.env, **gloo_env(s, addr, port, iface)})
-                   for e, s in zip(engines, slots)]
-        self.world = [self._get(r, f"engine {e}") for e, r in zip(engines, results)]
         self._engine_of = {w["rank"]: e for w, e in zip(self.world, engines)}
         self._view = self._client[[self._engine_of[r] for r in sorted(self._engine_of)]]
         self._view.use_cloudpickle()  # the user's model and data functions travel by value
         self._report("idle")
         return self.world
 
+    def _gloo_envs(self, hosts: list[tuple[str, int]], addr: str) -> list[dict]:
+        """Start the session's rendezvous for this world; each rank's Gloo environment, in rank order."""
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+        from horovod.runner.http.http_server import RendezvousServer
+
+        iface = self.iface or iface_for(addr)
+        self._rendezvous = RendezvousServer(verbose=0)
+        port = self._rendezvous.start()
+        self._rendezvous.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in hosts)), self.ranks))
+        return [gloo_env(s, addr, port, iface) for s in plan_slots(hosts)]
+
     def _start_local(self):
         kwargs = {}
         if self.engine_cmd:
             from traitlets.config import Config
 
-            kwargs["config"] = Config({"LocalEngineSetLauncher": {"engine_cmd": list(self.engine_cmd)}})
-        self._cluster = ipp.Cluster(n=self.ranks, log_level=40, **kwargs)
+            launcher = "MPIEngineSetLauncher" if self.world_kind == "mpi" else "LocalEngineSetLauncher"
+            kwargs["config"] = Config({launcher: {"engine_cmd": list(self.engine_cmd)}})
+        if self.world_kind == "mpi":
+            kwargs["engines"] = "mpi"
+        self._cluster = ipp.Cluster(n=self.ranks, log_level=40, engine_timeout=self.start_timeout, **kwargs)
         self._client = self._cluster.start_and_connect_sync()
         self._client.wait_for_engines(self.ranks, timeout=self.start_timeout)
         return sorted(self._client.ids)[: self.ranks], [(socket.gethostname(), self.ranks)], "127.0.0.1"
@@ -141,7 +163,8 @@ class TrainingSession:
                                   f"ipcontroller-{self._cluster.cluster_id}-engine.json")
         gpus = 1 if os.environ.get("CUDA_VISIBLE_DEVICES") else 0  # each rank sees only its own GPU
         request(self.owner_socket, "POST", "/engines", {"ranks": self.ranks, "image": self.image,
-                                                         "connection_file": connection, "gpus_per_rank": gpus})
+                                                         "connection_file": connection, "gpus_per_rank": gpus,
+                                                         "mpi": self.world_kind == "mpi"})
         self._client = self._cluster.connect_client_sync()
         return self._engines_by_task(addr)
 
@@ -155,10 +178,21 @@ class TrainingSession:
                                "container has none): use where='allocation' inside a jupyter-hpcdl job")
         addr = self.controller_ip or socket.gethostbyname(socket.gethostname())
         config = Config({"SlurmEngineSetLauncher": {
-            "batch_template": engines_job_template(self.new_allocation, self.ranks),
-            "engine_cmd": self.engine_cmd or container_engine_cmd(self.image)}})
-        self._cluster = ipp.Cluster(n=self.ranks, controller_ip=addr, engines="slurm", config=config, log_level=40)
-        self._client = self._cluster.start_and_connect_sync()
+            "batch_template": engines_job_template(self.new_allocation, self.ranks, self.world_kind == "mpi"),
+            "batch_file_name": os.path.join(self._dir, "engines.sbatch"),  # not the kernel's working directory
+            "engine_cmd": self.engine_cmd or container_engine_cmd(self.image, self.world_kind == "mpi")}})
+        self._cluster = ipp.Cluster(n=self.ranks, controller_ip=addr, engines="slurm", config=config, log_level=40,
+                                    engine_timeout=self.start_timeout)  # the queue wait counts
+        try:
+            self._client = self._cluster.start_and_connect_sync()
+        except BaseException as e:
+            for key, launcher in list(self._cluster.engines.items()):
+                if not getattr(launcher, "job_id", None):  # never submitted: nothing to cancel
+                    del self._cluster.engines[key]
+            if isinstance(e, subprocess.CalledProcessError):
+                said = e.output.decode(errors="replace") if isinstance(e.output, bytes) else str(e.output or "")
+                raise RuntimeError(f"the batch system refused the ranks' job: {said.strip() or e}") from None
+            raise
         return self._engines_by_task(addr)
 
     @property
@@ -177,17 +211,23 @@ class TrainingSession:
         return [e for _, e in by_rank], hosts_from_tasks(tasks), addr
 
     def close(self) -> None:
-        """Leave the world, stop the engines and the rendezvous; nothing is left running."""
+        """Leave the world, stop the engines and the rendezvous; nothing is left running. The session can start
+        again (``start()`` then ``setup()``): the model is gone with the ranks."""
         try:
             self._stop_world()
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
-            self.world = []
+            self._setup = None
             self._report("none")
+
+    @property
+    def alive(self) -> bool:
+        """Whether the ranks are up and joined (no rank has died)."""
+        return bool(self.world) and self._client is not None and not self.dead_ranks()
 
     def _stop_world(self) -> None:
         """End the current world: leave Horovod, stop the engines (and ask the allocation's owner to), the
-        controller and the rendezvous."""
+        controller (and with it a batch job of the ranks) and the rendezvous — each even if another step fails."""
         try:
             if self._client is not None:
                 try:
@@ -195,17 +235,20 @@ class TrainingSession:
                 except Exception:
                     pass
                 self._client.close()
-            if self.owner_socket and getattr(self, "mode", None) == "allocation":
-                try:
-                    request(self.owner_socket, "DELETE", "/engines")
-                except (OSError, RuntimeError):
-                    pass
-            if self._cluster is not None:
-                self._cluster.stop_cluster_sync()
         finally:
-            if self._rendezvous is not None:
-                self._rendezvous.stop()
-            self._cluster = self._client = self._rendezvous = None
+            try:
+                if self.owner_socket and getattr(self, "mode", None) == "allocation":
+                    try:
+                        request(self.owner_socket, "DELETE", "/engines")
+                    except (OSError, RuntimeError):
+                        pass
+                if self._cluster is not None:
+                    self._cluster.stop_cluster_sync()
+            finally:
+                if self._rendezvous is not None:
+                    self._rendezvous.stop()
+                self._cluster = self._client = self._rendezvous = None
+                self.world, self._engine_of = [], {}
 
     def __enter__(self) -> "TrainingSession":
         self.start()
@@ -247,7 +290,7 @@ class TrainingSession:
 
     def _new_world(self, ranks: int, data_fn=None) -> None:
         """End the current world and build the same model in a new one of ``ranks`` ranks."""
-        if not getattr(self, "_setup", None):
+        if not self.has_model:
             raise RuntimeError("no model yet: call setup() first")
         model_fn, setup_data_fn, *rest = self._setup
         self._stop_world()
@@ -261,27 +304,40 @@ class TrainingSession:
         return self.recover(self.checkpoint(os.path.join(self._dir, "rescale.npz")), ranks)
 
     def scaling(self, ranks: list[int], epochs: int = 1, mode: str = "strong", csv: str | None = None,
-                plot: str | None = None, on_step=None, on_metrics=None):
+                plot: str | None = None, on_step=None, on_metrics=None, restore: bool = True):
         """Train the same configuration on each rank count and measure throughput (samples/s over all ranks),
         speedup against the smallest count, and efficiency against ideal scaling. ``mode="weak"`` keeps each
         rank's shard the same size as at the smallest count (more ranks, more data); "strong" splits the same
         data. Returns a pandas DataFrame (and writes ``csv`` and a ``plot`` PNG when given). ``on_step(row)`` is
-        called after each rank count; ``on_metrics`` as in :meth:`fit`."""
+        called after each rank count; ``on_metrics`` as in :meth:`fit`. Each count trains a fresh model; afterwards
+        (``restore``) the session's model, data and rank count are as they were before. A stop request ends the
+        experiment with the counts measured so far."""
         import pandas as pd
 
         if mode not in ("strong", "weak"):
             raise ValueError("mode must be 'strong' or 'weak'")
-        data_fn = self._setup[1]
+        if not self.has_model:
+            raise RuntimeError("no model yet: call setup() first")
+        data_fn, ranks_before = self._setup[1], self.ranks
+        keep = self.checkpoint(os.path.join(self._dir, "before-scaling.npz"))  # each count starts a fresh model
         base = min(ranks)
         rows = []
-        for n in ranks:
-            self._new_world(n, data_fn if mode == "strong" else _weak_shard(data_fn, base))
-            self.fit(epochs=1, on_metrics=on_metrics)  # warm-up: tracing and first-epoch costs stay out of the figures
-            result = self.fit(epochs=epochs, on_metrics=on_metrics)
-            samples = sum(self.shard_sizes().values()) * epochs
-            rows.append({"ranks": n, "seconds": result.seconds, "throughput": samples / result.seconds})
-            if on_step is not None:
-                on_step(rows[-1])
+        try:
+            for n in ranks:
+                self._new_world(n, data_fn if mode == "strong" else _weak_shard(data_fn, base))
+                self.fit(epochs=1, on_metrics=on_metrics)  # warm-up: tracing and first-epoch costs stay out
+                result = self.fit(epochs=epochs, on_metrics=on_metrics)
+                if result.stopped:  # a partial fit measures nothing: the counts done so far stand
+                    break
+                samples = sum(self.shard_sizes().values()) * epochs
+                rows.append({"ranks": n, "seconds": result.seconds, "throughput": samples / result.seconds})
+                if on_step is not None:
+                    on_step(rows[-1])
+        finally:
+            if restore:  # the model as it was, with its data, on as many ranks as before
+                self.recover(keep, ranks_before)
+        if not rows or base not in [r["ranks"] for r in rows]:
+            raise RuntimeError("scaling stopped before the smallest rank count was measured: no figures")
         table = pd.DataFrame(rows)
         first = table.loc[table["ranks"] == base, "throughput"].iloc[0]
         table["speedup"] = table["throughput"] / first
@@ -334,12 +390,24 @@ class TrainingSession:
         open(self.stop_file, "w").close()
 
     @property
+    def has_model(self) -> bool:
+        """Whether setup() built the model (it survives a dead rank, for recover(); close() ends it)."""
+        return self._setup is not None
+
+    @property
     def batch_size(self) -> int | None:
-        return self._setup[5] if getattr(self, "_setup", None) else None
+        return self._setup[5] if self._setup else None
 
     def shard_sizes(self) -> dict[int, int]:
         """Samples in each rank's shard."""
         return {r["rank"]: r["samples"] for r in self._all(rank_side.shard_size)}
+
+    def weights_digest(self) -> str:
+        """A digest of the model's weights, the same on every rank (else :class:`WorldDiverged`)."""
+        digests = self._all(rank_side.weights_digest)
+        if len(set(digests)) != 1:
+            raise WorldDiverged(f"ranks hold different weights: {digests}")
+        return digests[0]
 
     def set_lr(self, lr: float) -> list[float]:
         return self._all(rank_side.set_lr, lr)
@@ -358,7 +426,10 @@ class TrainingSession:
         return self.metrics_table.frame()
 
     def stragglers(self, factor: float = 1.5) -> list[int]:
-        return self.metrics_table.stragglers(factor)
+        """Ranks of this world whose latest step time is more than ``factor`` × the median."""
+        current = {w["rank"] for w in self.world}
+        return straggler_ranks({r: t for r, t in self.metrics_table.latest_step_times().items()
+                                if not current or r in current}, factor)
 
     def rank_table(self) -> list[dict]:
         """Each rank: node, GPU, state, straggler flag, latest loss and samples/s."""
@@ -374,8 +445,8 @@ class TrainingSession:
         self.state, self._reported_at = state, now
         if self.owner_socket:
             try:
-                request(self.owner_socket, "PUT", "/session", {"session": state, "ranks": self.rank_table()},
-                        timeout=2)
+                request(self.owner_socket, "PUT", "/session",
+                        {"id": self.id, "session": state, "ranks": self.rank_table()}, timeout=2)
             except (OSError, RuntimeError, ValueError):
                 pass
 
@@ -407,15 +478,26 @@ class TrainingSession:
         return f"(engine {engine})"
 
 
-def container_engine_cmd(image: str) -> list[str]:
+def check_one_world(world: list[dict], ranks: int) -> None:
+    """The ranks must form one world: ranks 0..N-1 once each, all of size N. (Engines whose MPI did not reach the
+    launcher's PMI each start a world of their own, and would train alone, unnoticed.)"""
+    got = sorted((w["rank"], w["size"]) for w in world)
+    if got != [(r, ranks) for r in range(ranks)]:
+        raise RuntimeError(f"the {ranks} engines did not join one Horovod world (rank, size: {got}); with "
+                           "world='mpi' the MPI library in the container must reach the launcher's PMI — "
+                           "use world='gloo' where it does not")
+
+
+def container_engine_cmd(image: str, mpi: bool = False) -> list[str]:
     """A local engine started in the user's container for ``image``; ipyparallel tells engines their cluster through
     these variables, which must be passed into the container by name."""
     import sys
 
-    from ..allocation import ENGINE_ENV
+    from ..allocation import ENGINE_ENV, MPI_IN_CONTAINER
     from ..containers.kernelspec import in_container_argv
 
-    return in_container_argv(image, sys.executable, ENGINE_ENV, ["python3", "-m", "ipyparallel.engine"])
+    return in_container_argv(image, sys.executable, ENGINE_ENV, ["python3", "-m", "ipyparallel.engine"],
+                             MPI_IN_CONTAINER if mpi else ())
 
 
 def _weak_shard(data_fn, base: int):

@@ -11,7 +11,8 @@ export type SessionState =
   | 'idle'
   | 'training'
   | 'stopped'
-  | 'failed';
+  | 'failed'
+  | 'stale'; // reported as training, then silent (its kernel gone?)
 
 /** One rank (one engine process) of the training world. */
 export interface IRank {
