@@ -112,3 +112,14 @@ def test_no_generated_container_name_can_carry_shell_syntax(name):
     except InvalidSpec:
         return
     assert all(c.isalnum() or c in "_.-" for c in name) and name[0].isalnum()
+
+
+def test_variables_passed_by_prefix_are_the_set_ones_with_valid_names():
+    from jupyter_hpcdl.containers.spec import InvalidSpec, names_with_prefixes
+
+    env = {"PMIX_RANK": "0", "PMIX_SERVER_URI4": "x", "SLURM_PROCID": "1", "HOME": "/h", "PMIX-BAD": "1"}
+    assert names_with_prefixes(env, ["PMIX_"]) == ["PMIX_RANK", "PMIX_SERVER_URI4"]
+    assert names_with_prefixes(env, ["PMIX_", "SLURM_"]) == ["PMIX_RANK", "PMIX_SERVER_URI4", "SLURM_PROCID"]
+    assert names_with_prefixes(env, []) == []
+    with pytest.raises(InvalidSpec, match="prefix"):
+        names_with_prefixes(env, ["PMIX;"])
