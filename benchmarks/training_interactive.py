@@ -63,21 +63,22 @@ def shard(rank, size):
 '''
 
 
-def interactive(session) -> float:
+def interactive(session, epochs: int) -> float:
     import tensorflow as tf
 
     from workload import model, shard
     session.setup(model, shard, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), lr=0.05)
     session.fit(epochs=1)
-    result = session.fit(epochs=EPOCHS)
-    samples = sum(r["samples"] for r in session._all(__import__("jupyter_hpcdl.training.rank", fromlist=["x"]).shard_size))
-    return samples * EPOCHS / result.seconds
+    result = session.fit(epochs=epochs)
+    return sum(session.shard_sizes().values()) * epochs / result.seconds
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--poll", type=float, default=0.05)
+    p.add_argument("--epochs", type=int, default=EPOCHS, help="measured epochs per run (after a warm-up epoch); "
+                   "the session's fixed cost per fit (a round trip, the weights check) weighs less in longer fits")
     p.add_argument("--image", default="hpcdl/base:latest", help="for the engine start-up in containers ('' to skip)")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hpcdl-bench-", dir=os.path.expanduser("~")))
@@ -94,7 +95,7 @@ def main() -> int:
             for which in (("session", "horovodrun") if r % 2 == 0 else ("horovodrun", "session")):
                 if which == "horovodrun":
                     out = subprocess.run([str(venv_bin / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
-                                          sys.executable, str(work / "hvd_train.py"), str(EPOCHS)],
+                                          sys.executable, str(work / "hvd_train.py"), str(args.epochs)],
                                          capture_output=True, text=True, check=True, env={**os.environ,
                                          "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}).stdout
                     # horovodrun prefixes each line with the rank ("[0]<stdout>:")
@@ -106,7 +107,7 @@ def main() -> int:
                         row["start_local_s"] = time.perf_counter() - t0
                         s_fit = s.fit
                         s.fit = lambda epochs=1, **kw: s_fit(epochs=epochs, poll=args.poll, **kw)
-                        row["session"] = interactive(s)
+                        row["session"] = interactive(s, args.epochs)
                         lat = (s.metrics["arrived"] - s.metrics["time"]).dropna()
                         row["latency_p50_ms"] = float(lat.quantile(0.5) * 1000)
                         row["latency_p95_ms"] = float(lat.quantile(0.95) * 1000)
@@ -127,7 +128,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     med = statistics.median
     summary = {
-        "rounds": args.rounds, "epochs": EPOCHS,
+        "rounds": args.rounds, "epochs": args.epochs,
         "session_samples_per_s": med(r["session"] for r in rows),
         "horovodrun_samples_per_s": med(r["horovodrun"] for r in rows),
         "ratio_session_over_horovodrun": med(r["ratio"] for r in rows),
