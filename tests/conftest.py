@@ -18,7 +18,12 @@ STATE = Path(os.environ.get("HPCDL_TESTBED_STATE", "/var/lib/jupyter-hpcdl-testb
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``testbed`` need the bed: without it they are skipped, or fail where HPCDL_REQUIRE_TESTBED=1 (CI)."""
+    """Tests marked ``gpu`` need an NVIDIA GPU and are skipped without one. Tests marked ``testbed`` need the bed:
+    without it they are skipped, or fail where HPCDL_REQUIRE_TESTBED=1 (CI)."""
+    if not Path("/dev/nvidia0").exists():
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (/dev/nvidia0)"))
     if (STATE / "bed.json").exists() and os.geteuid() == 0:
         return
     reason = "the test bed is not up: run 'bash testbed/test' (as root)"

@@ -149,7 +149,8 @@ def test_a_refused_new_allocation_says_why_and_leaves_nothing(alice):
     r = alice.run(alice.bed["venv"] + "/bin/python", "-c", REFUSED_CODE, timeout=300)
     assert "REFUSED" in r.stdout, r.stdout + r.stderr
     assert "invalid partition" in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
-    jobs = subprocess.run(["squeue", "-h", "-u", "alice", "-o", "%j"], capture_output=True, text=True, check=True)
+    jobs = subprocess.run(["squeue", "-h", "-u", "alice", "-t", "PENDING,RUNNING", "-o", "%j"],  # not an ending one
+                          capture_output=True, text=True, check=True)
     assert not [j for j in jobs.stdout.split() if j.startswith("hpcdl-engines")]
     assert not [p for p in psutil.process_iter(["username", "cmdline"])
                 if p.info["username"] == "alice" and "ipyparallel.controller" in " ".join(p.info["cmdline"] or [])]

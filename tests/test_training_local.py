@@ -170,3 +170,17 @@ def test_an_mpi_world_from_mpiexec_engines(monkeypatch):
         s.close()
     with pytest.raises(ValueError, match="world must be 'gloo'"):
         TrainingSession(world="nccl")
+
+
+@pytest.mark.gpu
+def test_each_rank_streams_its_gpu_memory():
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        pytest.skip("TensorFlow here sees no GPU (tensorflow-cpu)")
+    with TrainingSession(ranks=1) as s:
+        assert s.world[0]["gpus"] >= 1
+        s.setup(digits_model, digits_shard, loss=logits_loss(), lr=0.1)
+        s.fit(epochs=1)
+        gpu = s.metrics["gpu_memory_mb"].dropna()
+    assert len(gpu) > 0 and gpu.gt(0).all()

@@ -12,7 +12,7 @@ import ipywidgets as w
 
 from ..training.session import TrainingSession
 from . import charts
-from .series import CHARTS, batches_per_epoch, epoch_progress, error_html, rank_series, rank_table_html
+from .series import CHARTS, GPU_CHARTS, batches_per_epoch, epoch_progress, error_html, rank_series, rank_table_html
 
 
 class Dashboard(w.VBox):
@@ -65,7 +65,10 @@ class Dashboard(w.VBox):
         self.status = w.HTML(self._status_text("no ranks yet"))
         self.progress = w.IntProgress(value=0, min=0, max=1, description="epoch 0/0", style=style,
                                       layout=w.Layout(width="60%"))
-        self.figures = {column: charts.figure(title, "step", title) for column, title in CHARTS.items()}
+        self.figures = {column: charts.figure(title, "step", title)
+                        for column, title in {**CHARTS, **GPU_CHARTS}.items()}
+        for column in GPU_CHARTS:
+            self.figures[column].layout.display = "none"  # until ranks with GPUs are there
         self.table = w.HTML(rank_table_html([]))
         self.error = w.HTML("")
         controls = w.HBox([self.ranks, self.epochs, self.batch_size, self.lr], layout=w.Layout(flex_flow="row wrap"))
@@ -217,6 +220,8 @@ class Dashboard(w.VBox):
         frame = s.metrics
         if s.world:  # the ranks of this world only (a rescale may have had more)
             frame = frame[frame["rank"].isin([r["rank"] for r in s.world])]
+        for column in GPU_CHARTS:
+            self.figures[column].layout.display = None if any(w.get("gpus") for w in s.world) else "none"
         for column, fig in self.figures.items():
             charts.set_rank_lines(fig, rank_series(frame, column, self.per_epoch))
         first, epochs = self._fit_range

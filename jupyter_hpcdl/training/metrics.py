@@ -7,7 +7,8 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
-COLUMNS = ("rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s", "memory_mb", "time", "arrived")
+COLUMNS = ("rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s", "memory_mb", "gpu_memory_mb", "time",
+           "arrived")
 
 
 def straggler_ranks(step_times: Mapping[int, float], factor: float = 1.5) -> list[int]:

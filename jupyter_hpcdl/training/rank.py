@@ -74,6 +74,11 @@ def _callbacks(stop_file: str, publish_every: int, check_every: int, min_interva
     hvd = _STATE["hvd"]
     batch_size = _STATE["batch_size"]
     process = psutil.Process()
+    has_gpu = bool(tf.config.list_logical_devices("GPU"))
+
+    def gpu_memory_mb() -> float | None:
+        """TensorFlow's memory in use on this rank's GPU (None without one)."""
+        return tf.config.experimental.get_memory_info("GPU:0")["current"] / 2**20 if has_gpu else None
 
     class Publisher(tf.keras.callbacks.Callback):
         """Live metrics of this rank, sent to the kernel as they happen (ipyparallel's data publication): every
@@ -97,7 +102,7 @@ def _callbacks(stop_file: str, publish_every: int, check_every: int, min_interva
                 publish_data({"rank": hvd.rank(), "epoch": self.epoch, "batch": batch, "time": time.time(),
                               "loss": float((logs or {}).get("loss", float("nan"))), "step_time_s": step,
                               "samples_per_s": batch_size / step if step > 0 else None,
-                              "memory_mb": process.memory_info().rss / 2**20})
+                              "memory_mb": process.memory_info().rss / 2**20, "gpu_memory_mb": gpu_memory_mb()})
 
     class StopWhenAsked(tf.keras.callbacks.Callback):
         """Every ``check_every`` batches each rank checks the stop file, and all agree (max over ranks) before
