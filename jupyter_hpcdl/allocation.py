@@ -110,6 +110,7 @@ class AllocationOwner:
         self.environ = dict(os.environ if environ is None else environ)
         self.job_id = self.environ.get("SLURM_JOB_ID", "")
         self._steps: list[subprocess.Popen] = []
+        self._jobs: set[str] = set()  # new allocations submitted for kernels
         self.sessions: dict[str, tuple[float, dict]] = {}  # by session id: (when reported, report)
 
     def describe(self) -> dict:
@@ -121,6 +122,7 @@ class AllocationOwner:
         left = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%L|%P|%b"], capture_output=True, text=True)
         time_left, partition, gres = (left.stdout.strip().split("|") + ["", "", ""])[:3]
         return {"in_job": True, "job_id": self.job_id, "nodes": nodes, "partition": partition, "gres": gres,
+                "host_python": sys.executable,
                 "gpus_per_node": gres_count(gres), "time_left": time_left,
                 "time_left_s": parse_time_left(time_left),
                 "cuda_visible_devices": self.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -156,6 +158,37 @@ class AllocationOwner:
         self._steps.append(step)
         return {"pid": step.pid, "argv": argv}
 
+    def submit_job(self, batch_file: str) -> dict:
+        """sbatch a kernel's batch script for a new allocation (the kernel, in its container, has no sbatch). The
+        script must be a file in the user's home; the job gets none of this job's SLURM_* variables."""
+        home = os.path.realpath(os.path.expanduser("~"))
+        path = os.path.realpath(batch_file) if isinstance(batch_file, str) else ""
+        if not path.startswith(home + os.sep) or not os.path.isfile(path):
+            raise ValueError("batch_file must be an existing file in your home directory")
+        env = {k: v for k, v in self.environ.items() if not k.startswith("SLURM_")}
+        out = subprocess.run(["sbatch", path], capture_output=True, text=True, env=env, timeout=60)
+        if out.returncode:
+            raise ValueError(f"sbatch refused the job: {out.stderr.strip() or out.stdout.strip()}")
+        job_id = re.search(r"\d+", out.stdout).group()
+        self._jobs.add(job_id)
+        return {"job_id": job_id, "output": out.stdout.strip()}
+
+    def cancel_job(self, job_id: str) -> dict:
+        if job_id not in self._jobs:
+            raise ValueError(f"job {job_id!r} was not submitted through this allocation's owner")
+        subprocess.run(["scancel", job_id], check=True, capture_output=True, timeout=60)
+        self._jobs.discard(job_id)
+        return {"cancelled": job_id}
+
+    def stop_all(self) -> None:
+        """When the server ends: no engine step and no job it submitted outlives it."""
+        for job_id in list(self._jobs):
+            try:
+                self.cancel_job(job_id)
+            except (subprocess.SubprocessError, OSError, ValueError):
+                pass
+        self.stop_engines()
+
     def stop_engines(self) -> int:
         stopped = 0
         for step in self._steps:
@@ -187,10 +220,14 @@ def handle(owner: AllocationOwner, method: str, path: str, body: dict) -> tuple[
         if method == "PUT" and path == "/session":
             owner.report(session_report(body))
             return 200, owner.current_session()
+        if method == "POST" and path == "/jobs":
+            return 201, owner.submit_job(body.get("batch_file"))
+        if method == "DELETE" and re.fullmatch(r"/jobs/\d+", path):
+            return 200, owner.cancel_job(path.rsplit("/", 1)[1])
         if method == "DELETE" and path == "/engines":
             return 200, {"stopped": owner.stop_engines()}
         return 404, {"message": f"no {method} {path}"}
-    except (ValueError, OSError, subprocess.CalledProcessError) as e:
+    except (ValueError, OSError, subprocess.SubprocessError) as e:
         return 400, {"message": str(e)}
 
 

@@ -42,5 +42,8 @@ def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False) ->
         lines.append(f"#SBATCH --account={check_name('account', alloc.account)}")
     if gpus:
         lines.append(f"#SBATCH --gpus-per-task={gpus}")
-    lines.append("srun --kill-on-bad-exit=0 " + ("--mpi=pmix " if mpi else "") + "{program_and_args}")
+    # the engines find the controller by these arguments (not only by exported variables: the job may be
+    # submitted by the allocation's owner on the kernel's behalf, from another environment)
+    lines.append("srun --kill-on-bad-exit=0 " + ("--mpi=pmix " if mpi else "")
+                 + "{program_and_args} --profile-dir={profile_dir} --cluster-id={cluster_id}")
     return "\n".join(lines) + "\n"

@@ -4,6 +4,7 @@ training session; and serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenti
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 
@@ -77,4 +78,5 @@ def _load_jupyter_server_extension(serverapp):
     server.add_socket(bind_unix_socket(path, mode=0o600))
     os.environ[SOCKET_ENV] = path  # kernels started from now on find it (passed into containers by name)
     serverapp.web_app.settings["hpcdl_allocation_owner"] = owner
+    atexit.register(owner.stop_all)  # the job ends: its engine steps and the jobs it submitted end with it
     serverapp.log.info("jupyter_hpcdl: allocation owner for job %s at %s", owner.job_id, path)

@@ -4,6 +4,7 @@ the host side), one per GPU, join one Horovod world over Gloo, and train on real
 arrive from every rank; a killed rank is reported within seconds and a new world continues from the checkpoint."""
 import inspect
 import json
+import re
 import subprocess
 
 import psutil
@@ -65,7 +66,8 @@ def test_four_ranks_on_two_nodes_in_containers_train_from_the_notebook_and_survi
     assert [w["cuda_visible_devices"] for w in result["world"]] == ["0", "1", "0", "1"], "each rank sees its own GPU"
     assert result["epochs"] == 3 and result["loss"][-1] < result["loss"][0]
     assert result["metric_ranks"] == [0, 1, 2, 3]
-    assert "rank(s) 3 died during fit" in result["crash"], result["crash"]
+    # the killed rank is named; its peers may go down with it (Horovod aborts a rank whose Gloo peer vanished)
+    assert re.search(r"rank\(s\) ([0-2], )*3 died during fit", result["crash"]), result["crash"]
     assert result["reported_after"] < 15, "the death was not reported within seconds"
     assert result["restored"] == [3] and result["after"] == 4, "the new world continued from the checkpoint"
     assert result["new_world"] == [[0, "node1"], [1, "node1"], [2, "node2"], [3, "node2"]]
@@ -154,3 +156,42 @@ def test_a_refused_new_allocation_says_why_and_leaves_nothing(alice):
     assert not [j for j in jobs.stdout.split() if j.startswith("hpcdl-engines")]
     assert not [p for p in psutil.process_iter(["username", "cmdline"])
                 if p.info["username"] == "alice" and "ipyparallel.controller" in " ".join(p.info["cmdline"] or [])]
+
+
+KERNEL_NEW_JOB_CODE = """
+import json, shutil
+from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.training import TrainingSession
+from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
+
+assert shutil.which("sbatch") is None, "the kernel's container has no scheduler client"
+session = TrainingSession(ranks=2, where="new", start_timeout=240,
+                          new_allocation=NewAllocation(nodes=2, walltime="00:10:00", partition="gpu", gpus_per_rank=1))
+try:
+    world = session.start()
+    job = session.job_id
+    session.setup(digits_model, digits_shard, loss=digits_loss, lr=0.1)
+    fit = session.fit(epochs=2)
+finally:
+    session.close()
+print(json.dumps({"job": job, "loss": fit.loss, "world": sorted((w["rank"], w["node"]) for w in world)}))
+"""
+
+
+def test_a_kernel_in_its_container_asks_for_a_new_allocation_through_the_owner(bed):
+    """The notebook's kernel has no sbatch: the allocation's owner submits the ranks' job and cancels it."""
+    hub = Hub(bed)
+    status, body = hub.api("POST", "/hub/api/users/alice/server", {"nodes": 1, "gpus_per_node": 1,
+                                                                    "walltime": "00:20:00"})
+    assert status in (201, 202), body
+    try:
+        hub.wait_ready("alice")
+        out = hub.run_in_kernel("alice", KERNEL_NEW_JOB_CODE, timeout=400)
+    finally:
+        hub.stop("alice")
+    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert result["world"] == [[0, "node1"], [1, "node2"]]
+    assert result["loss"][-1] < result["loss"][0]
+    state = subprocess.run(["squeue", "-h", "-j", result["job"], "-t", "PENDING,RUNNING", "-o", "%T"],
+                           capture_output=True, text=True).stdout.strip()
+    assert state == "", f"the ranks' job {result['job']} outlived the session ({state})"

@@ -124,7 +124,7 @@ def test_a_killed_rank_is_reported_within_seconds_and_training_recovers(session,
     victim = next(w for w in session.world if w["rank"] == 1)["pid"]
     threading.Timer(2.0, os.kill, (victim, signal.SIGKILL)).start()
     t0 = time.monotonic()
-    with pytest.raises(RankError, match=r"rank\(s\) 1 died during fit"):
+    with pytest.raises(RankError, match=r"rank\(s\) (0, )?1 died during fit"):  # its peer may go down with it
         session.fit(epochs=100)
     assert time.monotonic() - t0 < 2.0 + 10, "the death was not reported within seconds"
     restored = session.recover(checkpoint)

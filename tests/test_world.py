@@ -86,9 +86,10 @@ def test_new_allocation_script_is_built_from_checked_values():
         "#SBATCH --ntasks=4", "#SBATCH --distribution=block", "#SBATCH --time=00:10:00",
         "#SBATCH --output=/home/a/.ipython/profile_default/log/hpcdl-engines-%j.out", "#SBATCH --partition=gpu",
         "#SBATCH --account=proj-a", "#SBATCH --gpus-per-task=1",
-        "srun --kill-on-bad-exit=0 python -m jupyter_hpcdl.containers run hpcdl/base:latest -- engine"]
-    assert engines_job_template(NewAllocation(), 1, mpi=True).endswith("srun --kill-on-bad-exit=0 --mpi=pmix "
-                                                                        "{program_and_args}\n")
+        "srun --kill-on-bad-exit=0 python -m jupyter_hpcdl.containers run hpcdl/base:latest -- engine"
+        " --profile-dir=/home/a/.ipython/profile_default --cluster-id=c1"]
+    assert engines_job_template(NewAllocation(), 1, mpi=True).splitlines()[-1].startswith(
+        "srun --kill-on-bad-exit=0 --mpi=pmix {program_and_args}")
     for bad, message in ((dict(partition="gpu\n#SBATCH --uid=0"), "partition"), (dict(account="a;b"), "account"),
                          (dict(nodes=3), "ranks must be a whole number from 3"), (dict(walltime="1h"), "walltime"),
                          (dict(gpus_per_rank=True), "gpus_per_rank"), (dict(partition="{n}"), "partition")):
@@ -103,3 +104,15 @@ def test_engines_that_did_not_join_one_world_are_refused():
     for world in ([{"rank": 0, "size": 1}, {"rank": 0, "size": 1}], [{"rank": 0, "size": 2}, {"rank": 2, "size": 2}]):
         with pytest.raises(RuntimeError, match="did not join one Horovod world"):
             check_one_world(world, 2)
+
+
+def test_owner_submits_and_cancels_only_what_it_should(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    owner = AllocationOwner(environ={"PATH": "/usr/bin:/bin"})
+    status, reply = handle(owner, "POST", "/jobs", {"batch_file": "/etc/passwd"})
+    assert status == 400 and "in your home directory" in reply["message"]
+    status, reply = handle(owner, "POST", "/jobs", {"batch_file": str(tmp_path / "missing.sbatch")})
+    assert status == 400 and "existing file" in reply["message"]
+    status, reply = handle(owner, "DELETE", "/jobs/12345", {})
+    assert status == 400 and "not submitted through this allocation's owner" in reply["message"]
+    assert handle(owner, "DELETE", "/jobs/1;rm", {})[0] == 404

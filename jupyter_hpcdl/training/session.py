@@ -13,9 +13,11 @@ ranks hold identical weights: a world that silently stopped averaging is an erro
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -173,21 +175,31 @@ class TrainingSession:
         launcher with our script (and cancelled by it when the world ends)."""
         from traitlets.config import Config
 
+        submit, python = {}, sys.executable
         if not shutil.which("sbatch"):
-            raise RuntimeError("where='new' submits a batch job, but there is no sbatch here (a kernel inside a "
-                               "container has none): use where='allocation' inside a jupyter-hpcdl job")
+            if not self.owner_socket:
+                raise RuntimeError("where='new' submits a batch job, but there is no sbatch here and no "
+                                   "jupyter-hpcdl job whose owner could submit it")
+            from ..jobclient import CANCEL, SUBMIT
+
+            submit = {"submit_command": SUBMIT, "delete_command": CANCEL}  # the owner runs sbatch and scancel
+            python = request(self.owner_socket, "GET", "/allocation")["host_python"]  # the job runs on the host
         addr = self.controller_ip or socket.gethostbyname(socket.gethostname())
         config = Config({"SlurmEngineSetLauncher": {
+            **submit,
             "batch_template": engines_job_template(self.new_allocation, self.ranks, self.world_kind == "mpi"),
             "batch_file_name": os.path.join(self._dir, "engines.sbatch"),  # not the kernel's working directory
-            "engine_cmd": self.engine_cmd or container_engine_cmd(self.image, self.world_kind == "mpi")}})
+            "engine_cmd": self.engine_cmd or container_engine_cmd(self.image, self.world_kind == "mpi", python)}})
         self._cluster = ipp.Cluster(n=self.ranks, controller_ip=addr, engines="slurm", config=config, log_level=40,
                                     engine_timeout=self.start_timeout)  # the queue wait counts
+        if not re.fullmatch(r"/[\w./-]+", self._cluster.profile_dir):  # it goes into the batch script
+            raise RuntimeError(f"the IPython profile directory {self._cluster.profile_dir!r} has characters a "
+                               "batch script cannot carry safely: use a profile path of letters, digits, . _ - /")
         try:
             self._client = self._cluster.start_and_connect_sync()
         except BaseException as e:
-            for key, launcher in list(self._cluster.engines.items()):
-                if not getattr(launcher, "job_id", None):  # never submitted: nothing to cancel
+            for key, engine_set in list(self._cluster.engines.items()):
+                if not getattr(engine_set, "job_id", None):  # never submitted: nothing to cancel
                     del self._cluster.engines[key]
             if isinstance(e, subprocess.CalledProcessError):
                 said = e.output.decode(errors="replace") if isinstance(e.output, bytes) else str(e.output or "")
@@ -488,15 +500,13 @@ def check_one_world(world: list[dict], ranks: int) -> None:
                            "use world='gloo' where it does not")
 
 
-def container_engine_cmd(image: str, mpi: bool = False) -> list[str]:
-    """A local engine started in the user's container for ``image``; ipyparallel tells engines their cluster through
-    these variables, which must be passed into the container by name."""
-    import sys
-
+def container_engine_cmd(image: str, mpi: bool = False, python: str | None = None) -> list[str]:
+    """An engine started in the user's container for ``image`` by ``python`` (the host's, with jupyter_hpcdl);
+    ipyparallel tells engines their cluster through these variables, which are passed into the container by name."""
     from ..allocation import ENGINE_ENV, MPI_IN_CONTAINER
     from ..containers.kernelspec import in_container_argv
 
-    return in_container_argv(image, sys.executable, ENGINE_ENV, ["python3", "-m", "ipyparallel.engine"],
+    return in_container_argv(image, python or sys.executable, ENGINE_ENV, ["python3", "-m", "ipyparallel.engine"],
                              MPI_IN_CONTAINER if mpi else ())
 
 
