@@ -3,10 +3,6 @@ widget models driven by their buttons against real local ranks, and the server e
 Jupyter server (authenticated; outside a batch job it says so)."""
 import json
 import os
-import secrets
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +16,8 @@ from jupyter_hpcdl.jobvalues import gres_count
 from jupyter_hpcdl.dashboard.series import (batches_per_epoch, epoch_progress, parse_rank_counts, rank_series,
                                             rank_table_html)
 from jupyter_hpcdl.training.metrics import rank_rows
+
+from jupyterserver import running_jupyter
 
 
 # -- pure parts ------------------------------------------------------------------------------------------------------
@@ -193,33 +191,11 @@ def test_close_then_train_starts_again(dashboard):
 
 
 # -- the server extension's handler in a real Jupyter server -----------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def jupyter_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("server")
-    token, port = secrets.token_hex(16), _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    proc = subprocess.Popen([sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
-                             f"--port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-                             f"--ServerApp.root_dir={root}", "--allow-root"],
-                            stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"), env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(150):
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
-        yield url, token
-    finally:
-        proc.terminate()
-        proc.wait(20)
+    with running_jupyter("jupyter_server", root, root / "server.log") as server:
+        yield server
 
 
 def test_handler_needs_authentication(jupyter_server):

@@ -2,20 +2,15 @@
 outside a batch job the panel says so, its button opens the dashboard, two local ranks train and the charts update
 live, a scaling run draws its plot; inside alice's two-node Slurm job (through the hub) the panel shows the job,
 the walltime left (also in the status bar) and the ranks the notebook started in her containers."""
-import os
 import re
-import secrets
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from browser import SHOTS, hub_login, quiet_lab_settings
 from hubclient import Hub
+from jupyterserver import running_jupyter
 
 PANEL_TAB = '.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="jupyter-hpcdl-panel"]'
 LINES = ".hpcdl-dashboard .bqplot path.line"
@@ -26,35 +21,12 @@ def local_lab(tmp_path):
     """JupyterLab outside any batch job, as the test runner (root), in a scratch home."""
     home = tmp_path / "home"
     quiet_lab_settings(home / "settings")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    token = secrets.token_hex(16)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCDL_ALLOCATION"))}
-    env.update(HOME=str(home), TF_CPP_MIN_LOG_LEVEL="2")
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--allow-root",
-         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={home}",
-         f"--LabApp.user_settings_dir={home / 'settings'}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=home)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=1)
-                break
-            except OSError:
-                assert proc.poll() is None, (tmp_path / "lab.log").read_text()
-                time.sleep(0.2)
-        yield url, token
-    finally:
-        proc.terminate()  # the server shuts its kernels down, and each kernel its session's engines
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with running_jupyter("jupyterlab", home, tmp_path / "lab.log",
+                         f"--LabApp.user_settings_dir={home / 'settings'}",
+                         f"--LabApp.workspaces_dir={home / 'workspaces'}",
+                         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                         env={"HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}) as lab:
+        yield lab
 
 
 def _open_panel(page):

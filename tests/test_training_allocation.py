@@ -51,16 +51,22 @@ finally:
 """
 
 
-def test_four_ranks_on_two_nodes_in_containers_train_from_the_notebook_and_survive_a_killed_rank(bed):
+def _result_from_alices_kernel(bed, options: dict, code: str) -> dict:
+    """Start alice's server with ``options`` (a Slurm job), run ``code`` in its container kernel, stop the server;
+    return the last JSON line the code printed."""
     hub = Hub(bed)
-    status, body = hub.api("POST", "/hub/api/users/alice/server", {"nodes": 2, "gpus_per_node": 2, "walltime": "00:20:00"})
+    status, body = hub.api("POST", "/hub/api/users/alice/server", options)
     assert status in (201, 202), body
     try:
         hub.wait_ready("alice")
-        out = hub.run_in_kernel("alice", KERNEL_CODE, timeout=400)
+        out = hub.run_in_kernel("alice", code, timeout=400)
     finally:
         hub.stop("alice")
-    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+def test_four_ranks_on_two_nodes_in_containers_train_from_the_notebook_and_survive_a_killed_rank(bed):
+    result = _result_from_alices_kernel(bed, {"nodes": 2, "gpus_per_node": 2, "walltime": "00:20:00"}, KERNEL_CODE)
     assert [(w["rank"], w["size"], w["node"]) for w in result["world"]] == [
         (0, 4, "node1"), (1, 4, "node1"), (2, 4, "node2"), (3, 4, "node2")]
     assert [w["cuda_visible_devices"] for w in result["world"]] == ["0", "1", "0", "1"], "each rank sees its own GPU"
@@ -180,16 +186,8 @@ print(json.dumps({"job": job, "loss": fit.loss, "world": sorted((w["rank"], w["n
 
 def test_a_kernel_in_its_container_asks_for_a_new_allocation_through_the_owner(bed):
     """The notebook's kernel has no sbatch: the allocation's owner submits the ranks' job and cancels it."""
-    hub = Hub(bed)
-    status, body = hub.api("POST", "/hub/api/users/alice/server", {"nodes": 1, "gpus_per_node": 1,
-                                                                    "walltime": "00:20:00"})
-    assert status in (201, 202), body
-    try:
-        hub.wait_ready("alice")
-        out = hub.run_in_kernel("alice", KERNEL_NEW_JOB_CODE, timeout=400)
-    finally:
-        hub.stop("alice")
-    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    result = _result_from_alices_kernel(bed, {"nodes": 1, "gpus_per_node": 1, "walltime": "00:20:00"},
+                                        KERNEL_NEW_JOB_CODE)
     assert result["world"] == [[0, "node1"], [1, "node2"]]
     assert result["loss"][-1] < result["loss"][0]
     state = subprocess.run(["squeue", "-h", "-j", result["job"], "-t", "PENDING,RUNNING", "-o", "%T"],

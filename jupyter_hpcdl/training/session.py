@@ -73,9 +73,9 @@ class TrainingSession:
         if world not in ("gloo", "mpi"):
             raise ValueError("world must be 'gloo' (the session's own rendezvous) or 'mpi' (the site's MPI)")
         self.world_kind = world
-        if where == "new":
-            engines_job_template(new_allocation or NewAllocation(), ranks)  # bad values fail here, not at start
         self.new_allocation = new_allocation or NewAllocation()
+        if where == "new":
+            engines_job_template(self.new_allocation, ranks)  # bad values fail here, not at start
         self.ranks = ranks
         self.where = where
         self.image = image
