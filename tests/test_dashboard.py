@@ -3,6 +3,7 @@ widget models driven by their buttons against real local ranks, and the server e
 Jupyter server (authenticated; outside a batch job it says so)."""
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -176,6 +177,24 @@ def test_scaling_tab_runs_plots_against_ideal_and_exports(dashboard):
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert d.ranks.value == 2 and d.session.ranks == 2
     assert d.session.weights_digest() == trained, "the scaling run did not give the trained model back"
+
+
+def test_after_a_rank_died_train_says_to_resume_and_resume_recovers(dashboard):
+    import signal
+
+    d = dashboard.training
+    assert d.last_checkpoint and os.path.exists(d.last_checkpoint)
+    os.kill(next(w for w in d.session.world if w["rank"] == 1)["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while d.session.alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for expected in (r"rank\(s\) (0, )?1 died during", "press Resume to continue from the last checkpoint"):
+        d.buttons["Train"].click()
+        d.wait(120)
+        assert re.search(expected, d.error.value), d.error.value
+    d.buttons["Resume"].click()
+    d.wait(300)
+    assert d.error.value == "" and d.session.alive and "resumed from" in d.status.value
 
 
 def test_close_then_train_starts_again(dashboard):

@@ -99,6 +99,11 @@ class Dashboard(w.VBox):
                   f"done: {result.epochs_done} epochs, loss {result.loss[-1]:.4g}, {result.seconds:.1f} s")
 
     def _ensure_session(self) -> TrainingSession:
+        """The session with its ranks up and the model built: started and set up here the first time (and after
+        Close)."""
+        if self.session is not None and self.session.has_model and not self.session.world:
+            raise RuntimeError("the ranks are gone (a rank died): press Resume to continue from the last "
+                               "checkpoint, or Close and then Train to start afresh")
         if self.session is None or not self.session.world:
             if self.session is None:
                 self.session = TrainingSession(ranks=self.ranks.value, **self.session_options)
@@ -106,11 +111,11 @@ class Dashboard(w.VBox):
             self._say(f"starting {self.ranks.value} ranks")
             self.session.start()
             self._draw(force=True)
-            self._say("building the model on every rank")
         if not self.session.has_model:
+            self._say("building the model on every rank")
             model_fn, data_fn, loss, metrics = self.problem
             self.session.setup(model_fn, data_fn, loss, metrics, lr=self.lr.value, batch_size=self.batch_size.value)
-        self._measure_epoch()
+            self._measure_epoch()
         return self.session
 
     def _measure_epoch(self) -> None:

@@ -469,6 +469,10 @@ class TrainingSession:
             on_metrics(self.metrics_table)
 
     def _all(self, fn, *args):
+        """``fn(*args)`` on every rank; a world with a dead rank is ended and reported, not called."""
+        if not self.world:
+            raise RuntimeError(f"no ranks for {fn.__name__}: start() first, or recover(checkpoint) after a rank died")
+        self._raise_if_dead(fn.__name__)
         return self._get(self._view.apply_async(fn, *args), fn.__name__)
 
     def _get(self, ar, what: str):
