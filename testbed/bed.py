@@ -1,5 +1,5 @@
 """The jupyter-hpcdl test bed: a small HPC cluster on this one machine, brought up idempotently and torn down by
-the pids it recorded.  ``python testbed/bed.py up|down|status``  (as root, after testbed/install.sh).
+the pids it recorded.  ``python testbed/bed.py up|down|purge|status``  (as root, after testbed/install.sh).
 
 - munge and Slurm (a controller and slurmd ``node1``, ``node2``, each with 4 fake GPUs as generic resources)
 - users alice and bob, who submit their own jobs
@@ -10,11 +10,11 @@ the pids it recorded.  ``python testbed/bed.py up|down|status``  (as root, after
 from __future__ import annotations
 
 import argparse
-import grp
 import json
 import os
 import pwd
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -235,7 +235,7 @@ def up() -> dict:
     write_if_changed(STATE / "registry/config.yml", config.registry_conf(STATE))
     if registry().start():
         log("registry started")
-    identity = image.build(CACHE / "image", VENV, REPO, config.REGISTRY, STATE / "image.json")
+    identity = image.build(CACHE / "image", VENV, image.project_wheel(CACHE), config.REGISTRY, STATE / "image.json")
     for user in IMAGE_USERS:
         user_image(user, identity)
     changed = prepare_hub()
@@ -279,6 +279,20 @@ def down() -> None:
             log(f"{d.name} stopped")
 
 
+def purge() -> None:
+    """Down, then remove what the bed made from this repository's sources outside the prefix and cache: its state
+    (registry, hub database, stamps) and the test users' udocker repositories (images, containers)."""
+    down()
+    for user in USERS:
+        try:
+            home = Path(pwd.getpwnam(user).pw_dir)
+        except KeyError:
+            continue
+        shutil.rmtree(home / ".udocker", ignore_errors=True)
+    shutil.rmtree(STATE, ignore_errors=True)
+    log(f"purged {STATE} and the users' udocker repositories")
+
+
 def status() -> int:
     bad = 0
     for d in daemons():
@@ -292,12 +306,14 @@ def status() -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=("up", "down", "status", "describe"))
+    p.add_argument("command", choices=("up", "down", "purge", "status", "describe"))
     cmd = p.parse_args().command
     if cmd == "up":
         print(json.dumps(up(), indent=2))
     elif cmd == "down":
         down()
+    elif cmd == "purge":
+        purge()
     elif cmd == "describe":
         print(json.dumps(describe(), indent=2))
     else:

@@ -27,11 +27,12 @@ def _sha(*parts: bytes | str) -> str:
     return h.hexdigest()
 
 
-def source_digest(repo: Path) -> str:
-    """Digest of the project's installable sources (what the app layer is made of)."""
-    files = sorted(p for top in ("jupyter_hpcdl", "spawner") for p in (repo / top).rglob("*")
-                   if p.is_file() and "__pycache__" not in p.parts)
-    return _sha(*(str(p.relative_to(repo)) + "\0" + p.read_bytes().hex() for p in [repo / "pyproject.toml", *files]))
+def project_wheel(cache: Path) -> Path:
+    """The jupyter-hpcdl wheel that testbed/install.sh built (the app layer installs it, as a site would)."""
+    found = sorted((cache / "dist").glob("jupyter_hpcdl-*.whl"))
+    if not found:
+        raise FileNotFoundError(f"no jupyter-hpcdl wheel in {cache / 'dist'}: run testbed/install.sh first")
+    return found[-1]
 
 
 def _run(argv: list[str], **kw) -> None:
@@ -67,13 +68,13 @@ def venv_layer(cache: Path, venv: Path) -> tuple[Path, str]:
     return out, key
 
 
-def app_layer(work: Path, venv: Path, repo: Path, identity: dict) -> Path:
-    """jupyter-hpcdl installed into the environment's path, and the image's identity file."""
+def app_layer(work: Path, venv: Path, wheel: Path, identity: dict) -> Path:
+    """jupyter-hpcdl installed from its wheel into the environment's path, and the image's identity file."""
     stage = work / "app"
     shutil.rmtree(stage, ignore_errors=True)
     _run([str(venv / "bin/python"), "-m", "pip", "--disable-pip-version-check", "-q", "install", "--no-deps",
-          "--no-build-isolation", "--no-compile", "--ignore-installed", "--no-warn-script-location",
-          "--root", str(stage), str(repo)], cwd=str(work))
+          "--no-compile", "--ignore-installed", "--no-warn-script-location",
+          "--root", str(stage), str(wheel)], cwd=str(work))
     (stage / IDENTITY_FILE).parent.mkdir(parents=True, exist_ok=True)
     (stage / IDENTITY_FILE).write_text(json.dumps(identity) + "\n")
     out = work / "app.tar"
@@ -83,12 +84,12 @@ def app_layer(work: Path, venv: Path, repo: Path, identity: dict) -> Path:
     return out
 
 
-def build(cache: Path, venv: Path, repo: Path, registry: str, state_file: Path) -> dict:
+def build(cache: Path, venv: Path, wheel: Path, registry: str, state_file: Path) -> dict:
     """Build (where needed) and push ``hpcdl/base:latest`` and ``hpcdl/os:latest``; return the image's identity."""
     cache.mkdir(parents=True, exist_ok=True)
     os_tar, os_key = os_layer(cache)
     venv_tar, venv_key = venv_layer(cache, venv)
-    build_id = _sha(os_key, venv_key, source_digest(repo))[:16]
+    build_id = _sha(os_key, venv_key, wheel.read_bytes())[:16]
     identity = {"image": IMAGE, "build": build_id, "os": os_key, "venv": venv_key}
     try:
         if json.loads(state_file.read_text()) == identity:
@@ -100,7 +101,7 @@ def build(cache: Path, venv: Path, repo: Path, registry: str, state_file: Path) 
         _run(["umoci", "init", "--layout", str(layout)])
     tags = subprocess.run(["umoci", "ls", "--layout", str(layout)], check=True, capture_output=True, text=True).stdout.split()
     os_tag, stack_tag, final_tag = f"os-{os_key}", f"stack-{os_key}-{venv_key}", f"base-{build_id}"
-    env = ["--config.env=PATH=/opt/jupyter-hpcdl/venv/bin:/usr/local/bin:/usr/bin:/bin", "--config.env=LANG=C.UTF-8"]
+    env = [f"--config.env=PATH={venv}/bin:/usr/local/bin:/usr/bin:/bin", "--config.env=LANG=C.UTF-8"]
     if os_tag not in tags:
         _run(["umoci", "new", "--image", f"{layout}:{os_tag}"])
         _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{os_tag}", str(os_tar)])
@@ -108,10 +109,10 @@ def build(cache: Path, venv: Path, repo: Path, registry: str, state_file: Path) 
     if stack_tag not in tags:
         _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{os_tag}", "--tag", stack_tag, str(venv_tar)])
     with tempfile.TemporaryDirectory(dir=cache) as work:
-        app_tar = app_layer(Path(work), venv, repo, identity)
+        app_tar = app_layer(Path(work), venv, wheel, identity)
         _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{stack_tag}", "--tag", final_tag, str(app_tar)])
     _run(["umoci", "config", "--image", f"{layout}:{final_tag}", "--config.label=org.jupyter-hpcdl.build=" + build_id,
-          "--config.cmd=/opt/jupyter-hpcdl/venv/bin/python3"])
+          f"--config.cmd={venv}/bin/python3"])
     for tag in tags:  # earlier builds' tags, then their unreferenced blobs
         if tag.startswith("base-") and tag != final_tag:
             _run(["umoci", "rm", "--image", f"{layout}:{tag}"])

@@ -177,6 +177,10 @@ class Udocker:
                     raise
         return name
 
+    def setup_nvidia(self, name: str) -> None:
+        """Copy this node's NVIDIA driver libraries into the container (again after a driver update)."""
+        self._run(build_setup_command(name, self.install, mode=self.install.default_mode, nvidia=True))
+
     def _remove_quietly(self, name: str) -> None:
         try:
             self._run(udocker_base(self.install) + ["rm", "-f", name])

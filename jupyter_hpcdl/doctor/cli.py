@@ -1,0 +1,300 @@
+"""``hpcdl-doctor``: run on the hub host (as root, naming a user, or as that user). It checks the hub side, then
+submits one small job as the user and reads what the probe found on the node. ``--json`` for scripts; the exit status
+is 1 when a check failed."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pwd
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, requires
+from pathlib import Path
+
+from traitlets.config import Config
+from traitlets.config.loader import PyFileConfigLoader
+
+from jupyter_hpcdl import __version__
+from jupyter_hpcdl.containers.site import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV, load_site
+from jupyter_hpcdl.spawner.commands import as_user
+from jupyter_hpcdl.spawner.options import JobRequest
+from jupyter_hpcdl.spawner.profile import Profile, SiteProfile
+from jupyter_hpcdl.spawner.scheduler import ENDED, Scheduler, load_scheduler
+
+from .assess import Expected, assess_node
+from .facts import NodeFacts, ProbeRequest, facts_from_json
+from .probe import check_hub, write_atomically
+from .report import FAIL, OK, SKIP, Finding, exit_code, render_json, render_text
+
+DEFAULT_EXEC_PREFIX = ["sudo", "-n", "-u", "{username}"]
+JOB_ENV = ("PATH", "HOME", "USER", "LANG")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Who the node checks run as, and how the doctor becomes them (an empty prefix: it already is them)."""
+
+    user: str
+    home: str
+    prefix: tuple[str, ...]
+
+
+def load_hub_config(path: str) -> Config:
+    return PyFileConfigLoader(os.path.basename(path), os.path.dirname(os.path.abspath(path))).load_config()
+
+
+def hub_api_url(cfg: Config) -> str:
+    """The URL a job reports to, as JupyterHub derives it from its configuration."""
+    hub = cfg.JupyterHub
+    if hub.get("hub_connect_url"):
+        return str(hub.hub_connect_url).rstrip("/") + "/api"
+    ip = hub.get("hub_connect_ip") or hub.get("hub_ip") or "127.0.0.1"
+    base = str(hub.get("base_url") or "/").rstrip("/") + "/"
+    return f"http://{ip}:{hub.get('hub_port') or 8081}{base}hub/api"
+
+
+def expected() -> Expected:
+    pin = None
+    try:
+        for req in requires("jupyter-hpcdl") or ():
+            if req.replace(" ", "").startswith("horovod=="):
+                pin = req.replace(" ", "").split("==", 1)[1].split(";", 1)[0]
+    except PackageNotFoundError:
+        pass
+    return Expected(hpcdl_version=__version__, horovod=pin)
+
+
+def _run(argv: list[str], env: dict[str, str], timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, input=input, capture_output=True, text=True, timeout=timeout)
+
+
+def check_scheduler(sched: Scheduler, target: Target, env: dict, partition: str, timeout: float) -> Finding:
+    argv = [*_become(target), *sched.availability_argv()]
+    try:
+        r = _run(argv, env, timeout)
+    except FileNotFoundError:
+        return Finding("batch system", FAIL, f"{sched.availability_argv()[0]} ({sched.name}) not found on the hub host",
+                       f"install {sched.name}'s client commands on the hub host and put them on the hub's PATH")
+    except subprocess.TimeoutExpired:
+        return Finding("batch system", FAIL, f"{' '.join(sched.availability_argv()[:1])} did not answer in {timeout:.0f} s",
+                       f"is the {sched.name} controller up and reachable from the hub host (Slurm: scontrol ping)?")
+    if r.returncode:
+        return Finding("batch system", FAIL, f"{sched.availability_argv()[0]} failed (exit {r.returncode}): "
+                       f"{(r.stderr or r.stdout).strip()[-300:]}",
+                       f"check {sched.name}'s configuration on the hub host (Slurm: SLURM_CONF, munge) and that "
+                       f"{target.user} may use it")
+    avail = sched.parse_availability(r.stdout)
+    if partition not in avail:
+        return Finding("batch system", FAIL, f"partition {partition!r} of the site profile is unknown to {sched.name} "
+                       f"(it has: {', '.join(sorted(avail)) or 'none'})", "fix c.SiteProfile.partitions")
+    a = avail[partition]
+    return Finding("batch system", OK, f"{sched.name} answers: partition {partition}: {a.nodes} nodes "
+                   f"({a.idle_nodes} idle), {a.gpus} GPUs ({a.idle_gpus} free)")
+
+
+def check_hub_api(url: str) -> Finding:
+    status, error = check_hub(url, timeout=5)
+    if error:
+        return Finding("hub API", FAIL, f"{url} does not answer on the hub host: {error}",
+                       "start the hub, or fix c.JupyterHub.hub_ip / hub_port / hub_connect_url (or --hub-url)")
+    return Finding("hub API", OK, f"{url} answers (HTTP {status})")
+
+
+def exchange_dir(parent: str | None, target: Target, nonce: str) -> Path:
+    """A private directory for the request and the result, owned by the user, under their home by default."""
+    base = Path(parent) if parent else Path(target.home) / ".jupyter-hpcdl" / "doctor"
+    created = []
+    for d in reversed([base / nonce, *(base / nonce).parents]):
+        if not d.exists():
+            d.mkdir(mode=0o700)
+            created.append(d)
+    if os.geteuid() == 0:
+        uid, gid = pwd.getpwnam(target.user).pw_uid, pwd.getpwnam(target.user).pw_gid
+        for d in created:
+            if parent is None or d == base / nonce:
+                os.chown(d, uid, gid)
+    return base / nonce
+
+
+def job_script(sched: Scheduler, req: JobRequest, python: str, work: Path, home: str) -> str:
+    header = sched.header(req, "hpcdl-doctor", str(work / "job.out"), home)
+    probe = [python, "-m", "jupyter_hpcdl.doctor.probe", str(work / "request.json")]
+    return "\n".join(["#!/bin/bash", *header, "exec " + " ".join(shlex.quote(a) for a in probe)]) + "\n"
+
+
+def run_node_job(sched: Scheduler, target: Target, env: dict, probe_req: ProbeRequest, req: JobRequest, python: str,
+                 work: Path, timeout: float) -> tuple[NodeFacts | None, list[Finding]]:
+    """Submit the probe, wait for it (at most ``timeout`` s, then cancel it), return its facts."""
+    write_atomically(str(work / "request.json"), _json(probe_req))
+    if os.geteuid() == 0:
+        os.chown(work / "request.json", pwd.getpwnam(target.user).pw_uid, -1)
+    script = job_script(sched, req, python, work, target.home)
+    submit = [*_become(target, JOB_ENV), *sched.submit_argv(JOB_ENV)]
+    try:
+        r = _run(submit, env, 60, input=script)
+        job_id = sched.parse_submit(r.stdout) if r.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError) as e:
+        r, job_id = None, None
+        why = str(e)
+    if job_id is None:
+        why = (r.stderr or r.stdout).strip()[-300:] if r is not None else why
+        return None, [Finding("node job", FAIL, f"submitting the doctor's job as {target.user} failed: {why}",
+                              f"check that {target.user} may submit to partition {req.partition} with --gres=gpu:"
+                              f"{req.gpus_per_node}")]
+    deadline, node, info = time.monotonic() + timeout, "", None
+    while time.monotonic() < deadline:
+        q = _run(sched.queue_argv(), env, 30)
+        info = sched.parse_queue(q.stdout).get(job_id) if q.returncode == 0 else info
+        if info is not None and info.batch_host:
+            node = info.batch_host
+        if info is None or info.phase == ENDED:
+            break
+        time.sleep(1)
+    else:
+        _run([*_become(target), *sched.cancel_argv(job_id)], env, 30)
+        state = f"{info.state} ({info.reason})" if info else "unknown"
+        return None, [Finding("node job", FAIL, f"job {job_id} still {state} after {timeout:.0f} s; cancelled",
+                              f"are the nodes of partition {req.partition} up and free? (sinfo); or give --timeout")]
+    result = Path(probe_req.result)
+    for _ in range(10):  # a shared file system may show the file a moment later
+        if result.exists():
+            break
+        time.sleep(0.5)
+    if not result.exists():
+        out = work / "job.out"
+        tail = " / ".join(out.read_text(errors="replace").strip().splitlines()[-3:]) if out.exists() else "no job output"
+        return None, [Finding("shared home", FAIL, f"job {job_id} ran{' on ' + node if node else ''} but its result "
+                              f"never appeared in {work} on the hub host ({tail})",
+                              "home directories (or the doctor's --exchange-dir) must be shared between the hub host "
+                              "and the nodes, at the same path, and writable by the user there; also check that "
+                              f"{python} exists on the nodes", where=node or "node")]
+    facts = facts_from_json(result.read_text())
+    if facts.nonce != probe_req.nonce:
+        return facts, [Finding("shared home", FAIL, f"the result in {work} is not this run's", "run the doctor again",
+                               where=facts.node)]
+    return facts, [Finding("shared home", OK, f"{work} is shared: the node read the request and the hub host reads "
+                           f"the result (job {job_id})", where=facts.node)]
+
+
+def _become(target: Target, env_names: tuple[str, ...] = ()) -> list[str]:
+    return as_user(target.prefix, target.user, env_names) if target.prefix else []
+
+
+def _json(req: ProbeRequest) -> str:
+    import json
+    return json.dumps(asdict(req), indent=2)
+
+
+def _target(user: str | None, cfg: Config) -> Target:
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    user = user or me
+    entry = pwd.getpwnam(user)
+    prefix = () if user == me else tuple(cfg.HpcdlSpawner.get("exec_prefix") or DEFAULT_EXEC_PREFIX)
+    return Target(user, entry.pw_dir, prefix)
+
+
+def doctor(args: argparse.Namespace) -> list[Finding]:
+    findings: list[Finding] = []
+    cfg = Config()
+    if args.hub_config:
+        try:
+            cfg = load_hub_config(args.hub_config)
+            findings.append(Finding("hub config", OK, f"{args.hub_config} loads"))
+        except Exception as e:  # a site's Python file: anything can go wrong in it
+            return [Finding("hub config", FAIL, f"{args.hub_config} does not load: {type(e).__name__}: {e}",
+                            "fix the file (it is JupyterHub's configuration, plain Python)")]
+    site_profile = SiteProfile(config=cfg)
+    try:
+        profile: Profile = site_profile.snapshot()
+        findings.append(Finding("site profile", OK, f"partitions {', '.join(profile.partitions)}; images "
+                                f"{', '.join(i.ref for i in profile.images.values())}"))
+    except (ValueError, KeyError, TypeError) as e:
+        return findings + [Finding("site profile", FAIL, str(e), "set c.SiteProfile.partitions and .images in the hub's "
+                                   "configuration (docs/admin.md)")]
+    site_config = args.site_config or os.environ.get(SITE_CONFIG_ENV) or DEFAULT_SITE_CONFIG
+    try:
+        site = load_site(site_config)
+        findings.append(Finding("site config", OK, f"{site_config}: udocker {site.udocker}, tools "
+                                f"{site.tools_dir or '~/.udocker'}, registry {site.registry or 'none'}"))
+    except Exception as e:
+        return findings + [Finding("site config", FAIL, f"{site_config}: {type(e).__name__}: {e}",
+                                   "fix the file: JSON with a ContainerSite section (docs/admin.md)")]
+    try:
+        target = _target(args.user, cfg)
+    except KeyError:
+        return findings + [Finding("user", FAIL, f"no such user {args.user!r}", "name an existing user with --user")]
+    if os.geteuid() == 0 and target.user == "root" and not args.no_job:
+        return findings + [Finding("user", FAIL, "the node checks run as a user, not root",
+                                   "give --user USER (a user who may submit jobs and has access to the images)")]
+    try:
+        sched = load_scheduler(site_profile.scheduler)
+    except ValueError as e:
+        return findings + [Finding("batch system", FAIL, str(e), "set c.SiteProfile.scheduler to an installed adapter")]
+    partition = args.partition or next(iter(profile.partitions))
+    python = args.python or cfg.HpcdlSpawner.get("python") or sys.executable
+    env = {"PATH": f"{os.path.dirname(python)}:/usr/local/bin:/usr/bin:/bin", "HOME": target.home,
+           "USER": target.user, "LANG": "C.UTF-8"}
+    if "SLURM_CONF" in os.environ:
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    batch = check_scheduler(sched, target, env, partition, args.cli_timeout)
+    url = args.hub_url or hub_api_url(cfg)
+    findings += [batch, check_hub_api(url)]
+    if args.no_job:
+        return findings
+    if batch.status == FAIL:
+        return findings + [Finding("node checks", SKIP, "not run: the batch system does not answer")]
+    images = tuple(args.image) or tuple(i.ref for i in profile.images.values())
+    nonce = secrets.token_hex(8)
+    work = exchange_dir(args.exchange_dir, target, nonce)
+    try:
+        probe_req = ProbeRequest(nonce=nonce, hub_url=url, result=str(work / "result.json"), images=images,
+                                 gpus=args.gpus, site_config=site_config if os.path.exists(site_config) else None,
+                                 step_timeout=args.step_timeout)
+        req = JobRequest(partition=partition, nodes=1, gpus_per_node=args.gpus,
+                         walltime_minutes=max(5, math.ceil(args.timeout / 60) + 1), image="doctor", image_ref=images[0])
+        facts, found = run_node_job(sched, target, env, probe_req, req, python, work, args.timeout)
+        findings += found
+        if facts is not None:
+            findings += assess_node(facts, expected(), site.registry)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return findings
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hpcdl-doctor", description=__doc__)
+    p.add_argument("-f", "--hub-config", help="the hub's jupyterhub_config.py (site profile, hub URL, job Python)")
+    p.add_argument("--site-config", help=f"the container settings (default ${SITE_CONFIG_ENV} or {DEFAULT_SITE_CONFIG})")
+    p.add_argument("--user", help="run the node checks as this user (required as root)")
+    p.add_argument("--partition", help="partition for the doctor's job (default: the profile's first)")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs the doctor's job asks for (default 1; at least 1)")
+    p.add_argument("--image", action="append", default=[], help="check this image instead of the catalogue (repeatable)")
+    p.add_argument("--hub-url", help="the hub API URL jobs report to (default: from the hub config)")
+    p.add_argument("--python", help="the nodes' Python with jupyter-hpcdl (default: c.HpcdlSpawner.python)")
+    p.add_argument("--exchange-dir", help="shared directory for the job's request and result (default ~USER/.jupyter-hpcdl/doctor)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds the job may take, queue included (then cancelled)")
+    p.add_argument("--step-timeout", type=float, default=180, help="seconds for each step on the node")
+    p.add_argument("--cli-timeout", type=float, default=20, help="seconds the batch system's CLI may take to answer")
+    p.add_argument("--no-job", action="store_true", help="only the hub host's checks")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.gpus < 1:
+        print("hpcdl-doctor: error: --gpus must be at least 1", file=sys.stderr)
+        return 2
+    findings = doctor(args)
+    print(render_json(findings) if args.json else render_text(findings))
+    return exit_code(findings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
