@@ -184,3 +184,26 @@ def test_each_rank_streams_its_gpu_memory():
         s.fit(epochs=1)
         gpu = s.metrics["gpu_memory_mb"].dropna()
     assert len(gpu) > 0 and gpu.gt(0).all()
+
+
+def digits_uneven(rank, size):
+    """np.array_split of the 1797 digits: shards of 899 and 898 samples, not a multiple of ranks × batch size."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    return np.array_split((x / 16.0).astype("float32"), size)[rank], np.array_split(y, size)[rank]
+
+
+@pytest.mark.timeout(240)
+def test_uneven_shards_agree_on_the_steps_and_finish():
+    """With batches of 449, rank 0 (899 samples) needs 3 batches and rank 1 (898) only 2: fit deadlocked before (rank
+    0's third gradient allreduce had no peer). Both now run the agreed 3 steps, rank 1 wrapping around its shard."""
+    with TrainingSession(ranks=2) as s:
+        built = s.setup(digits_model, digits_uneven, loss=logits_loss(), lr=0.1, batch_size=449)
+        assert sorted(b["samples"] for b in built) == [898, 899]
+        assert {b["steps_per_epoch"] for b in built} == {3}
+        result = s.fit(epochs=2)  # raises WorldDiverged if the ranks' weights differ
+        assert result.epochs_done == 2 and set(result.history) == {0, 1}
+        built = s.setup(digits_model, digits_uneven, loss=logits_loss(), lr=0.1, batch_size=32)
+        assert {b["steps_per_epoch"] for b in built} == {29}  # 899 and 898 samples: 29 batches each, the last partial
+        assert s.fit(epochs=1).epochs_done == 1

@@ -61,8 +61,35 @@ def build(model_fn, data_fn, loss, metrics, lr: float, batch_size: int) -> dict:
     x, y = data_fn(hvd.rank(), hvd.size())
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=lr))
     model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics), experimental_run_tf_function=False)
-    _STATE.update(model=model, x=x, y=y, batch_size=batch_size, broadcast_done=False, epochs_done=0)
-    return {"rank": hvd.rank(), "samples": len(x)}
+    steps = agreed_steps(len(x), batch_size)
+    _STATE.update(model=model, x=x, y=y, batch_size=batch_size, steps=steps, broadcast_done=False, epochs_done=0)
+    return {"rank": hvd.rank(), "samples": len(x), "steps_per_epoch": steps}
+
+
+def steps_per_epoch(samples: int, batch_size: int) -> int:
+    """Batches one pass over ``samples`` takes (the last one partial)."""
+    if samples <= 0:
+        raise ValueError("this rank's data shard is empty: every rank needs at least one sample")
+    return -(-samples // batch_size)
+
+
+def agreed_steps(samples: int, batch_size: int) -> int:
+    """The steps of every epoch, the same on every rank: the most any rank needs for one pass over its shard.
+    Uneven shards would otherwise deadlock (a rank with one batch fewer leaves the epoch while its peers wait in
+    the next gradient allreduce); ranks with smaller shards wrap around, so every sample is used every epoch."""
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    mine = steps_per_epoch(samples, batch_size)
+    return int(hvd_tf.allreduce(tf.constant(float(mine)), op=hvd_tf.Max, name="hpcdl.steps"))
+
+
+def _dataset(x, y, batch_size: int):
+    """This rank's shard as an endless, reshuffled stream of full batches (the epoch's length is agreed_steps)."""
+    import tensorflow as tf
+
+    return (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), reshuffle_each_iteration=True).repeat()
+            .batch(batch_size).prefetch(tf.data.AUTOTUNE))
 
 
 def _callbacks(stop_file: str, publish_every: int, check_every: int, min_interval: float = 0.0):
@@ -134,8 +161,8 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
         _STATE["broadcast_done"] = True
     stopped = None
     try:
-        history = model.fit(_STATE["x"], _STATE["y"], batch_size=_STATE["batch_size"], epochs=epochs, verbose=0,
-                             callbacks=callbacks).history
+        history = model.fit(_dataset(_STATE["x"], _STATE["y"], _STATE["batch_size"]), steps_per_epoch=_STATE["steps"],
+                            epochs=epochs, verbose=0, callbacks=callbacks).history
     except TrainingStopped as e:
         history, stopped = {}, str(e)
     return {"rank": hvd.rank(), "history": {k: [float(v) for v in vs] for k, vs in history.items()},
