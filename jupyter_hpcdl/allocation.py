@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from .containers.kernelspec import KERNEL_ENV, in_container_argv
 from .containers.spec import check_image_ref
@@ -52,7 +52,7 @@ def engine_srun_argv(ranks: int, nodes: int, image: str, connection_file: str, p
                                     MPI_IN_CONTAINER if mpi else ())
 
 
-SESSION_STATES = ("none", "starting", "idle", "training", "stopped", "failed")
+SESSION_STATES = ("none", "starting", "idle", "training", "stopped", "failed", "walltime")
 RANK_FIELDS = {"rank": int, "node": str, "gpu": str, "state": str, "straggler": bool, "loss": float,
                "samples_per_s": float}
 
@@ -95,7 +95,10 @@ def session_report(body: dict) -> dict:
             else:
                 raise ValueError(f"rank field {name!r} must be a plain value")
         clean.append(row)
-    return {"id": session_id, "session": state, "ranks": clean}
+    message = body.get("message")
+    if message is not None and not isinstance(message, str):
+        raise ValueError("message must be a string")
+    return {"id": session_id, "session": state, "ranks": clean, **({"message": message[:500]} if message else {})}
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -144,7 +147,8 @@ class AllocationOwner:
         when, report = max(self.sessions.values(), key=lambda item: item[0])
         now = time.time() if now is None else now
         state = "stale" if report["session"] == "training" and now - when > stale_after else report["session"]
-        return {"session": state, "ranks": report["ranks"], "sessions": len(self.sessions)}
+        return {"session": state, "ranks": report["ranks"], "sessions": len(self.sessions),
+                "message": report.get("message")}
 
     def start_engines(self, ranks: int, image: str, connection_file: str, gpus_per_rank: int = 0,
                       mpi: bool = False) -> dict:
@@ -172,6 +176,14 @@ class AllocationOwner:
         job_id = re.search(r"\d+", out.stdout).group()
         self._jobs.add(job_id)
         return {"job_id": job_id, "output": out.stdout.strip()}
+
+    def job_time_left(self, job_id: str) -> dict:
+        """Walltime left of a job this owner submitted (a kernel's new allocation), as squeue says."""
+        if job_id not in self._jobs:
+            raise ValueError(f"job {job_id!r} was not submitted through this allocation's owner")
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True, timeout=30)
+        left = out.stdout.strip() if out.returncode == 0 else ""
+        return {"job_id": job_id, "time_left": left, "time_left_s": parse_time_left(left) if left else None}
 
     def cancel_job(self, job_id: str) -> dict:
         if job_id not in self._jobs:
@@ -222,6 +234,8 @@ def handle(owner: AllocationOwner, method: str, path: str, body: dict) -> tuple[
             return 200, owner.current_session()
         if method == "POST" and path == "/jobs":
             return 201, owner.submit_job(body.get("batch_file"))
+        if method == "GET" and re.fullmatch(r"/jobs/\d+", path):
+            return 200, owner.job_time_left(path.rsplit("/", 1)[1])
         if method == "DELETE" and re.fullmatch(r"/jobs/\d+", path):
             return 200, owner.cancel_job(path.rsplit("/", 1)[1])
         if method == "DELETE" and path == "/engines":

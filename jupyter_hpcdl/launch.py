@@ -15,6 +15,7 @@ from .containers.site import load_site
 from .world import Slot, gloo_env, iface_for, slurm_hosts, slurm_slot
 
 GLOO_NAMES = tuple(gloo_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
+RENDEZVOUS_ENV = "HPCDL_RENDEZVOUS"
 PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME")
 
 
@@ -38,7 +39,11 @@ def _parser() -> argparse.ArgumentParser:
 def run_rank(args, command: list[str]) -> int:
     """Inside one srun task: compute this task's slot and exec the command in the container."""
     slot = slurm_slot(os.environ, node_hostnames(os.environ["SLURM_JOB_NODELIST"]))
-    os.environ.update(gloo_env(slot, args.rendezvous_addr, args.port, args.iface))
+    rendezvous = os.environ.pop(RENDEZVOUS_ENV, "")  # address and secret, from the launcher's environment
+    if not rendezvous:
+        print(f"hpcdl-launch --rank: ${RENDEZVOUS_ENV} is not set (start ranks with hpcdl-launch)", file=sys.stderr)
+        return 2
+    os.environ.update(gloo_env(slot, rendezvous, args.port, args.iface))
     names = [n for n in (*GLOO_NAMES, *PASS_THROUGH, *args.env) if n in os.environ]
     argv = [sys.executable, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), args.image, "--", *command]
     os.execv(sys.executable, argv)
@@ -56,22 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.rank:
         return run_rank(args, command)
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    from horovod.runner.http.http_server import RendezvousServer
+
+    from .training.rendezvous import SessionRendezvous
 
     addr = args.rendezvous_addr or socket.gethostbyname(socket.gethostname())
     iface = args.iface or iface_for(addr)
     hosts = slurm_hosts(node_hostnames(os.environ["SLURM_JOB_NODELIST"]), os.environ["SLURM_TASKS_PER_NODE"])
     size = sum(n for _, n in hosts)
     load_site().client().ensure_container(args.image)  # once, before the ranks (they share the home file system)
-    server = RendezvousServer(verbose=0)
+    server = SessionRendezvous(bind=addr)  # only on the ranks' interface, only with the secret
     port = server.start()
     server.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in hosts)), size))
     try:
         srun = ["srun", "--kill-on-bad-exit=1", "--distribution=block", f"--ntasks={size}",
                 sys.executable, "-m", "jupyter_hpcdl.launch", "--rank", f"--image={args.image}",
-                f"--rendezvous-addr={addr}", f"--port={port}", f"--iface={iface}", *(f"--env={n}" for n in args.env),
-                "--", *command]
-        return subprocess.call(srun)
+                f"--port={port}", f"--iface={iface}", *(f"--env={n}" for n in args.env), "--", *command]
+        # The secret goes to the tasks in srun's environment (theirs alone to read), not on a command line.
+        return subprocess.call(srun, env={**os.environ, RENDEZVOUS_ENV: server.rank_address(addr)})
     finally:
         server.stop()
 

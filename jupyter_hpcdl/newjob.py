@@ -25,10 +25,11 @@ def _whole(kind: str, value, low: int, high: int) -> int:
     return value
 
 
-def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False) -> str:
+def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False, warn_before: int | None = None) -> str:
     """The batch script as an ipyparallel batch template: ``{n}``, ``{cluster_id}``, ``{profile_dir}`` and
     ``{program_and_args}`` (the engine in its container) are filled in by the launcher. ``mpi``: srun gives the
-    ranks their MPI world (PMIx)."""
+    ranks their MPI world (PMIx). ``warn_before``: Slurm signals the ranks (USR1) that many seconds before the
+    walltime ends, and they stop at the next batch they agree on."""
     nodes = _whole("nodes", alloc.nodes, 1, 4096)
     _whole("ranks", ranks, nodes, 65536)
     gpus = _whole("gpus_per_rank", alloc.gpus_per_rank, 0, 16)
@@ -42,6 +43,8 @@ def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False) ->
         lines.append(f"#SBATCH --account={check_name('account', alloc.account)}")
     if gpus:
         lines.append(f"#SBATCH --gpus-per-task={gpus}")
+    if warn_before is not None:
+        lines.append(f"#SBATCH --signal=USR1@{_whole('warn_before', warn_before, 1, 65535)}")
     # the engines find the controller by these arguments (not only by exported variables: the job may be
     # submitted by the allocation's owner on the kernel's behalf, from another environment)
     lines.append("srun --kill-on-bad-exit=0 " + ("--mpi=pmix " if mpi else "")

@@ -61,8 +61,16 @@ def test_owner_keeps_each_kernels_report_and_refuses_bad_ones():
     assert owner.current_session()["session"] == "idle", "a refused report changes nothing"
     owner.report(session_report({"id": "b", "session": "training", "ranks": []}), now=time.time() + 1)
     owner.report(session_report({"id": "a", "session": "none"}))  # kernel a closed its session: b's stays
-    assert owner.current_session(now=time.time() + 2) == {"session": "training", "ranks": [], "sessions": 1}
+    assert owner.current_session(now=time.time() + 2) == {"session": "training", "ranks": [], "sessions": 1,
+                                                          "message": None}
     assert owner.current_session(now=time.time() + 60)["session"] == "stale", "a silent 'training' is not trusted"
+    said = "Stopped before the walltime ends: epoch 7 is checkpointed in /h/c.npz"
+    owner.report(session_report({"id": "b", "session": "walltime", "ranks": [], "message": said}),
+                 now=time.time() + 3)
+    assert owner.current_session(now=time.time() + 4)["message"] == said
+    assert owner.current_session(now=time.time() + 90)["session"] == "walltime"
+    with pytest.raises(ValueError, match="message must be a string"):
+        session_report({"id": "c", "session": "idle", "message": {"html": "<b>"}})
     outside = handle(owner, "GET", "/allocation", {})[1]
     assert outside["in_job"] is False and "Not in a batch job" in outside["message"]
 

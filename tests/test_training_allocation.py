@@ -3,6 +3,7 @@ container): the ranks start as engines in her container on node1 and node2 throu
 the host side), one per GPU, join one Horovod world over Gloo, and train on real data; the loss falls and metrics
 arrive from every rank; a killed rank is reported within seconds and a new world continues from the checkpoint."""
 import inspect
+import os
 import json
 import re
 import subprocess
@@ -193,3 +194,93 @@ def test_a_kernel_in_its_container_asks_for_a_new_allocation_through_the_owner(b
     state = subprocess.run(["squeue", "-h", "-j", result["job"], "-t", "PENDING,RUNNING", "-o", "%T"],
                            capture_output=True, text=True).stdout.strip()
     assert state == "", f"the ranks' job {result['job']} outlived the session ({state})"
+
+
+UNEVEN_CODE = """
+import json, os
+import numpy as np
+from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.training import TrainingSession
+from jupyter_hpcdl.training.examples import digits_loss, digits_model
+
+def uneven(rank, size):  # np.array_split of the 1797 digits: shards that differ by one sample
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    return np.array_split((x / 16.0).astype("float32"), size)[rank], np.array_split(y, size)[rank]
+
+session = TrainingSession(ranks=3, where="new", start_timeout=300,
+                          new_allocation=NewAllocation(nodes=2, walltime="00:15:00", partition="gpu"))
+rows = []
+try:
+    session.start()
+    session.setup(digits_model, uneven, loss=digits_loss, lr=0.1, batch_size=32)
+    for n in (3, 7, 8):
+        if n != 3:
+            session.rescale(n)
+        fit = session.fit(epochs=1)  # raises WorldDiverged unless every rank ends with the same weights
+        rows.append({"ranks": n, "nodes": sorted({w["node"] for w in session.world}),
+                     "samples": sorted(session.shard_sizes().values()), "epochs": fit.epochs_done})
+finally:
+    session.close()
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.timeout(1200)
+def test_uneven_shards_at_3_7_and_8_ranks_across_two_nodes_in_containers(alice):
+    """8 ranks on digits with batch 32 give shards of 225 and 224 samples: 8 and 7 batches, which deadlocked."""
+    r = alice.run(alice.bed["venv"] + "/bin/python", "-c", UNEVEN_CODE, timeout=1100)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [row["ranks"] for row in rows] == [3, 7, 8]
+    for row in rows:
+        assert row["nodes"] == ["node1", "node2"], row
+        assert max(row["samples"]) - min(row["samples"]) == 1 and sum(row["samples"]) == 1797, row
+    assert [row["epochs"] for row in rows] == [1, 2, 3], "each rescale continued from the checkpoint"
+
+
+WALLTIME_CODE = """
+import json, os, subprocess, time
+from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.training import TrainingSession
+from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
+
+session = TrainingSession(ranks=2, where="new", start_timeout=240, walltime_margin=150,
+                          new_allocation=NewAllocation(nodes=2, walltime="00:04:00", partition="gpu"))
+out = {}
+try:
+    session.start()
+    out["first_job"] = session.job_id
+    out["left_at_start"] = session.time_left()
+    session.setup(digits_model, digits_shard, loss=digits_loss, lr=0.1)
+    fit = session.fit(epochs=100000)  # would outlast the job by far
+    out["left_at_stop"] = session.time_left()
+    out.update(stopped=fit.stopped, epochs=fit.epochs_done, checkpoint=session.walltime_checkpoint,
+               checkpoint_exists=os.path.exists(session.walltime_checkpoint or "/nonexistent"))
+    restored = session.continue_in_new_allocation(NewAllocation(nodes=2, walltime="00:10:00", partition="gpu"))
+    out["second_job"] = session.job_id
+    out["restored"] = sorted({r["epochs_done"] for r in restored})
+    out["after"] = session.fit(epochs=1).epochs_done
+finally:
+    session.close()
+jobs = [j for j in (out.get("first_job"), out.get("second_job")) if j]
+out["left_over"] = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(jobs)], capture_output=True,
+                                  text=True).stdout.split()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(900)
+def test_training_stops_and_checkpoints_before_the_walltime_then_continues_in_a_new_allocation(alice):
+    r = alice.run(alice.bed["venv"] + "/bin/python", "-c", WALLTIME_CODE, timeout=800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 150 < out["left_at_start"] <= 240, out
+    assert out["stopped"].startswith("Stopped before the walltime ends"), out
+    assert out["checkpoint"] in out["stopped"] and out["checkpoint_exists"]
+    assert "continue_in_new_allocation" in out["stopped"] and "Stopped before the walltime ends" in r.stderr
+    assert out["left_at_stop"] is not None and out["left_at_stop"] > 0, "the job ended before the checkpoint"
+    assert out["epochs"] > 1 and out["restored"] == [out["epochs"]] and out["after"] == out["epochs"] + 1
+    assert out["second_job"] != out["first_job"]
+    assert all(s in ("COMPLETING", "CANCELLED") for s in out["left_over"][1::2]), out["left_over"]
+    os.unlink(out["checkpoint"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import socket
 import time
 
@@ -41,6 +42,7 @@ def join(env: dict) -> dict:
     import horovod.tensorflow.keras as hvd
 
     hvd.init()
+    signal.signal(signal.SIGUSR1, _walltime_warning)  # Slurm's --signal=USR1@margin (default action: exit)
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
@@ -49,6 +51,15 @@ def join(env: dict) -> dict:
     return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "host": socket.gethostname(),
             "node": os.environ.get("HOROVOD_HOSTNAME", ""), "pid": os.getpid(), "gpus": len(gpus),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def _walltime_warning(signum, frame) -> None:
+    """The batch system says the job ends soon: stop at the next batch the ranks agree on (the session
+    checkpoints)."""
+    _STATE["walltime_signal"] = True
+    stop_file = _STATE.get("stop_file")
+    if stop_file:
+        open(stop_file, "a").close()
 
 
 def build(model_fn, data_fn, loss, metrics, lr: float, batch_size: int) -> dict:
@@ -124,7 +135,8 @@ def _callbacks(stop_file: str, publish_every: int, check_every: int, min_interva
 
         def on_train_batch_end(self, batch, logs=None):
             step = time.perf_counter() - self.t0
-            if batch % publish_every == 0 and self.t0 - self.published >= min_interval:
+            due = batch % publish_every == 0 or self.t0 - self.published >= 1.0  # slow batches: each one
+            if due and self.t0 - self.published >= min_interval:
                 self.published = self.t0
                 publish_data({"rank": hvd.rank(), "epoch": self.epoch, "batch": batch, "time": time.time(),
                               "loss": float((logs or {}).get("loss", float("nan"))), "step_time_s": step,
@@ -155,6 +167,9 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
     """Train ``epochs`` more epochs; return this rank's history, whether it was stopped, and a weights digest."""
     hvd = _STATE["hvd"]
     model = _STATE["model"]
+    _STATE["stop_file"] = stop_file
+    if _STATE.get("walltime_signal"):  # the warning came between fits: stop at once
+        open(stop_file, "a").close()
     callbacks = _callbacks(stop_file, publish_every, check_every, min_interval)
     if not _STATE["broadcast_done"]:
         callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
@@ -166,7 +181,8 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
     except TrainingStopped as e:
         history, stopped = {}, str(e)
     return {"rank": hvd.rank(), "history": {k: [float(v) for v in vs] for k, vs in history.items()},
-            "stopped": stopped, "epochs_done": _STATE["epochs_done"], "weights": weights_digest()}
+            "stopped": stopped, "epochs_done": _STATE["epochs_done"], "weights": weights_digest(),
+            "walltime_signal": bool(_STATE.get("walltime_signal"))}
 
 
 def shard_size() -> dict:

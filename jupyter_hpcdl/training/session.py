@@ -31,6 +31,9 @@ from ..newjob import NewAllocation, engines_job_template
 from ..world import gloo_env, hosts_from_tasks, iface_for, mpi_env, plan_slots
 from . import rank as rank_side
 from .metrics import MetricsTable, rank_rows, straggler_ranks
+from .reaper import start_reaper, stop_reaper
+from .walltime import DEFAULT_MARGIN, WalltimeWatch, squeue_time_left
+from .watchdog import kill_local_engines, local_process_states, stall_message
 
 
 class RankError(RuntimeError):
@@ -61,13 +64,26 @@ class TrainingSession:
     def __init__(self, ranks: int = 2, iface: str | None = None, tf_threads: int = 1, env: dict | None = None,
                  engine_cmd: list[str] | None = None, start_timeout: float = 120, where: str = "auto",
                  image: str = "hpcdl/base:latest", controller_ip: str | None = None, containers: bool = False,
-                 new_allocation: NewAllocation | None = None, world: str = "gloo"):
+                 new_allocation: NewAllocation | None = None, world: str = "gloo", stall_timeout: float = 60,
+                 call_timeout: float = 600, stop_grace: float = 30, walltime_margin: float = DEFAULT_MARGIN,
+                 checkpoint_dir: str = "~/.jupyter-hpcdl/checkpoints"):
         """``where``: "local" (engines on this machine), "allocation" (one engine per rank across the nodes of the
         batch job this kernel runs in, each in the user's container for ``image``), "new" (a new batch job for the
         ranks, as ``new_allocation`` asks, submitted from here: needs the scheduler's client), or "auto" (the
         allocation when the job's owner is reachable, else local). ``world``: the ranks join over "gloo" (a
         rendezvous the session owns; needs nothing from the site) or "mpi" (engines started by mpiexec locally, or
-        by srun with the PMIx plugin; Horovod built with MPI)."""
+        by srun with the PMIx plugin; Horovod built with MPI).
+
+        Nothing waits forever: ``start_timeout`` bounds the start (the queue included), ``call_timeout`` every other
+        call to the ranks, ``stall_timeout`` a fit in which no rank finishes a batch (a stopped, hung or stuck
+        rank; a rank whose engine misses the controller's heartbeats for about 30 s counts as gone sooner), and
+        ``stop_grace`` how long Stop waits for the ranks to agree. Past any of them the world is ended and the
+        error names the ranks and what they were doing.
+
+        In a batch job (the ranks' own with ``where="new"``, the kernel's with "allocation"), a fit stops
+        ``walltime_margin`` seconds before the walltime ends (the scheduler's time left, and Slurm's USR1 warning
+        to the ranks of jobs it writes), checkpoints into ``checkpoint_dir`` and says so;
+        :meth:`continue_in_new_allocation` then goes on in a new job from that checkpoint."""
         if where not in ("auto", "local", "allocation", "new"):
             raise ValueError("where must be 'auto', 'local', 'allocation' or 'new'")
         if world not in ("gloo", "mpi"):
@@ -75,7 +91,7 @@ class TrainingSession:
         self.world_kind = world
         self.new_allocation = new_allocation or NewAllocation()
         if where == "new":
-            engines_job_template(self.new_allocation, ranks)  # bad values fail here, not at start
+            engines_job_template(self.new_allocation, ranks, warn_before=int(walltime_margin))  # fail here, not at start
         self.ranks = ranks
         self.where = where
         self.image = image
@@ -84,6 +100,12 @@ class TrainingSession:
         self.env = {"TF_CPP_MIN_LOG_LEVEL": "2", "HPCDL_TF_THREADS": str(tf_threads), **(env or {})}
         self.engine_cmd = engine_cmd or (container_engine_cmd(image, world == "mpi") if containers else None)
         self.start_timeout = start_timeout
+        self.stall_timeout, self.call_timeout, self.stop_grace = stall_timeout, call_timeout, stop_grace
+        self._reaper = None
+        self._stop_asked: float | None = None
+        self.walltime_margin = walltime_margin
+        self.checkpoint_dir = os.path.expanduser(checkpoint_dir)
+        self.walltime_checkpoint: str | None = None
         self.metrics_table = MetricsTable()
         self.world: list[dict] = []
         self._cluster = self._client = self._rendezvous = None
@@ -109,11 +131,13 @@ class TrainingSession:
         try:
             engines, hosts, addr = {"local": self._start_local, "allocation": self._start_in_allocation,
                                     "new": self._start_in_new_allocation}[self.mode]()
+            self._watch()
             envs = self._gloo_envs(hosts, addr) if self.world_kind == "gloo" else [mpi_env()] * len(engines)
             # every engine joins at once (hvd.init waits for all ranks)
             results = [self._client[e].apply_async(rank_side.join, {**self.env, **env})
                        for e, env in zip(engines, envs)]
-            self.world = [self._get(r, f"engine {e}") for e, r in zip(engines, results)]
+            self.world = [self._get(r, f"joining the world (engine {e})", self.start_timeout)
+                          for e, r in zip(engines, results)]
             check_one_world(self.world, len(engines))
         except BaseException:
             self._report("failed")
@@ -128,16 +152,23 @@ class TrainingSession:
         self._report("idle")
         return self.world
 
+    def _watch(self) -> None:
+        """A reaper that ends the ranks, the controller and a job of the ranks if this kernel dies unclosed."""
+        cluster_file = getattr(self._cluster, "cluster_file", None) if self._cluster is not None else None
+        self._reaper = start_reaper(cluster_file, self.owner_socket if self.mode == "allocation" else None,
+                                    self._dir, [])
+
     def _gloo_envs(self, hosts: list[tuple[str, int]], addr: str) -> list[dict]:
         """Start the session's rendezvous for this world; each rank's Gloo environment, in rank order."""
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-        from horovod.runner.http.http_server import RendezvousServer
+
+        from .rendezvous import SessionRendezvous
 
         iface = self.iface or iface_for(addr)
-        self._rendezvous = RendezvousServer(verbose=0)
+        self._rendezvous = SessionRendezvous(bind=addr)  # only on the ranks' interface, only with the secret
         port = self._rendezvous.start()
         self._rendezvous.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in hosts)), self.ranks))
-        return [gloo_env(s, addr, port, iface) for s in plan_slots(hosts)]
+        return [gloo_env(s, self._rendezvous.rank_address(addr), port, iface) for s in plan_slots(hosts)]
 
     def _start_local(self):
         kwargs = {}
@@ -187,7 +218,8 @@ class TrainingSession:
         addr = self.controller_ip or socket.gethostbyname(socket.gethostname())
         config = Config({"SlurmEngineSetLauncher": {
             **submit,
-            "batch_template": engines_job_template(self.new_allocation, self.ranks, self.world_kind == "mpi"),
+            "batch_template": engines_job_template(self.new_allocation, self.ranks, self.world_kind == "mpi",
+                                                   warn_before=int(self.walltime_margin)),
             "batch_file_name": os.path.join(self._dir, "engines.sbatch"),  # not the kernel's working directory
             "engine_cmd": self.engine_cmd or container_engine_cmd(self.image, self.world_kind == "mpi", python)}})
         self._cluster = ipp.Cluster(n=self.ranks, controller_ip=addr, engines="slurm", config=config, log_level=40,
@@ -237,15 +269,19 @@ class TrainingSession:
         """Whether the ranks are up and joined (no rank has died)."""
         return bool(self.world) and self._client is not None and not self.dead_ranks()
 
-    def _stop_world(self) -> None:
+    def _stop_world(self, force: bool = False) -> None:
         """End the current world: leave Horovod, stop the engines (and ask the allocation's owner to), the
-        controller (and with it a batch job of the ranks) and the rendezvous — each even if another step fails."""
+        controller (and with it a batch job of the ranks) and the rendezvous — each even if another step fails.
+        ``force`` (a rank hangs): no goodbye, and this machine's engines are killed at once."""
         try:
             if self._client is not None:
-                try:
-                    self._view.apply_sync(rank_side.leave)
-                except Exception:
-                    pass
+                if force:
+                    kill_local_engines(self.world)
+                else:
+                    try:  # a rank that hangs does not hold the end of the world: its engine is stopped below
+                        self._view.apply_async(rank_side.leave).get(timeout=10)
+                    except Exception:
+                        pass
                 self._client.close()
         finally:
             try:
@@ -257,10 +293,13 @@ class TrainingSession:
                 if self._cluster is not None:
                     self._cluster.stop_cluster_sync()
             finally:
-                if self._rendezvous is not None:
-                    self._rendezvous.stop()
-                self._cluster = self._client = self._rendezvous = None
-                self.world, self._engine_of = [], {}
+                try:
+                    if self._rendezvous is not None:
+                        self._rendezvous.stop()
+                finally:
+                    stop_reaper(self._reaper)  # last: if this kernel dies before here, the reaper ends the rest
+                    self._cluster = self._client = self._rendezvous = self._reaper = None
+                    self.world, self._engine_of = [], {}
 
     def __enter__(self) -> "TrainingSession":
         self.start()
@@ -287,7 +326,8 @@ class TrainingSession:
         if dead:
             self._report("failed")
             self._stop_world()
-            raise RankError(f"rank(s) {', '.join(map(str, dead))} died during {what}; this world is gone: "
+            raise RankError(f"rank(s) {', '.join(map(str, dead))} died during {what} (the engine exited, or stopped "
+                            "answering the controller's heartbeats for about 30 s); this world is gone: "
                             "recover(checkpoint) starts a new one from the last checkpoint")
 
     def dead_ranks(self) -> list[int]:
@@ -370,13 +410,26 @@ class TrainingSession:
         request every ``stop_check_every`` batches."""
         if os.path.exists(self.stop_file):
             os.unlink(self.stop_file)
+        self._stop_asked = None
+        walltime = WalltimeWatch(self.time_left, self.walltime_margin)
+        walltime_stop = None
         t0 = time.perf_counter()
         self._report("training")
         ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every, stop_check_every,
                                     publish_interval)
+        progress = time.monotonic()
         while not ar.ready():
-            self._collect(ar, on_metrics)
+            if self._collect(ar, on_metrics):
+                progress = time.monotonic()
             self._raise_if_dead("fit")  # the others wait in a collective that will never complete
+            now = time.monotonic()
+            if self._stop_asked is not None and now - self._stop_asked > self.stop_grace and not ar.ready():
+                self._end_stalled("Stop", now - self._stop_asked, "stop_grace")
+            if now - progress > self.stall_timeout and not ar.ready():
+                self._end_stalled("fit", now - progress, "stall_timeout")
+            if walltime_stop is None and walltime.due():
+                walltime_stop = f"the scheduler says {walltime.left:.0f} s of walltime are left"
+                self.stop_training()
             self._report("training", every=2.0)
             time.sleep(poll)
         self._collect(ar, on_metrics)
@@ -392,14 +445,69 @@ class TrainingSession:
             self._report("failed")
             raise WorldDiverged(f"ranks hold different weights after training ({digests}): gradients were not averaged")
         self.epochs_done = results[0]["epochs_done"]
-        self._report("stopped" if results[0]["stopped"] else "idle")
+        stopped = results[0]["stopped"]
+        if stopped and (walltime_stop or any(r.get("walltime_signal") for r in results)):
+            stopped = self._checkpoint_for_walltime(walltime_stop or "the batch system's warning signal came")
+        else:
+            self._report("stopped" if stopped else "idle")
         return FitResult(results[0]["epochs_done"], {r["rank"]: r["history"] for r in results},
-                         results[0]["stopped"], results[0]["weights"], time.perf_counter() - t0,
+                         stopped, results[0]["weights"], time.perf_counter() - t0,
                          [r["rank"] for r in results])
 
+    def _checkpoint_for_walltime(self, why: str) -> str:
+        os.makedirs(self.checkpoint_dir, mode=0o700, exist_ok=True)
+        path = self.checkpoint(os.path.join(self.checkpoint_dir, f"walltime-{self.id[:12]}-epoch{self.epochs_done}.npz"))
+        self.walltime_checkpoint = path
+        message = (f"Stopped before the walltime ends ({why}; margin {self.walltime_margin:.0f} s): epoch "
+                   f"{self.epochs_done} is checkpointed in {path}. Continue in a new allocation with "
+                   "session.continue_in_new_allocation().")
+        print(message, file=sys.stderr, flush=True)
+        self._report("walltime", message=message)
+        return message
+
+    def time_left(self) -> float | None:
+        """Seconds of walltime the ranks have left, as the batch system says; None without a limit or a job."""
+        try:
+            mode = getattr(self, "mode", None)
+            if mode == "allocation" and self.owner_socket:
+                return request(self.owner_socket, "GET", "/allocation", timeout=15).get("time_left_s")
+            job = self.job_id if mode == "new" else os.environ.get("SLURM_JOB_ID") if mode == "local" else None
+            if not job:
+                return None
+            if shutil.which("squeue"):
+                return squeue_time_left(job)
+            if self.owner_socket:
+                return request(self.owner_socket, "GET", f"/jobs/{job}", timeout=15).get("time_left_s")
+        except (OSError, RuntimeError, ValueError):
+            return None
+        return None
+
+    def continue_in_new_allocation(self, new_allocation: NewAllocation | None = None, checkpoint: str | None = None,
+                                   ranks: int | None = None) -> list[dict]:
+        """Go on in a new batch job (``where="new"``) from ``checkpoint`` (default: the one written before the
+        walltime ended): the same model, its epochs, as many ranks as before unless ``ranks`` says otherwise."""
+        checkpoint = checkpoint or self.walltime_checkpoint
+        if not checkpoint:
+            raise RuntimeError("no checkpoint to continue from: give checkpoint=PATH (or fit until the walltime "
+                               "stops it, which writes one)")
+        if new_allocation is not None:
+            engines_job_template(new_allocation, ranks or self.ranks, warn_before=int(self.walltime_margin))
+            self.new_allocation = new_allocation
+        self.where = "new"
+        return self.recover(checkpoint, ranks)
+
     def stop_training(self) -> None:
-        """Ask every rank to stop after the current batch (they agree on the same batch)."""
+        """Ask every rank to stop after the current batch (they agree on the same batch); if they have not within
+        ``stop_grace`` seconds (a rank hangs), the running fit ends the world and says which rank held it."""
         open(self.stop_file, "w").close()
+        self._stop_asked = time.monotonic()
+
+    def _end_stalled(self, what: str, seconds: float, setting: str) -> None:
+        message = stall_message(what, seconds, setting, self.world, self.metrics_table.latest(),
+                                local_process_states(self.world))
+        self._report("failed")
+        self._stop_world(force=True)
+        raise RankError(message)
 
     @property
     def has_model(self) -> bool:
@@ -448,7 +556,7 @@ class TrainingSession:
         rank_state = "training" if self.state == "training" else "idle" if self.world else self.state
         return rank_rows(self.world, self.metrics_table.latest(), self.stragglers(), self.dead_ranks(), rank_state)
 
-    def _report(self, state: str, every: float = 0.0) -> None:
+    def _report(self, state: str, every: float = 0.0, message: str | None = None) -> None:
         """Keep :attr:`state`, and tell the allocation's owner (for the JupyterLab panel) when there is one; at most
         once per ``every`` seconds while the state stays the same. Reporting never fails the training."""
         now = time.monotonic()
@@ -458,15 +566,19 @@ class TrainingSession:
         if self.owner_socket:
             try:
                 request(self.owner_socket, "PUT", "/session",
-                        {"id": self.id, "session": state, "ranks": self.rank_table()}, timeout=2)
+                        {"id": self.id, "session": state, "ranks": self.rank_table(),
+                         **({"message": message} if message else {})}, timeout=2)
             except (OSError, RuntimeError, ValueError):
                 pass
 
     # -- plumbing ----------------------------------------------------------------------------------------------------
-    def _collect(self, ar, on_metrics) -> None:
+    def _collect(self, ar, on_metrics) -> bool:
+        """Take the ranks' newly published metrics; return whether there were any."""
         data = ar.data if isinstance(ar.data, list) else [ar.data]
-        if self.metrics_table.add(d for d in data if d) and on_metrics is not None:
+        added = self.metrics_table.add(d for d in data if d)
+        if added and on_metrics is not None:
             on_metrics(self.metrics_table)
+        return bool(added)
 
     def _all(self, fn, *args):
         """``fn(*args)`` on every rank; a world with a dead rank is ended and reported, not called."""
@@ -475,9 +587,16 @@ class TrainingSession:
         self._raise_if_dead(fn.__name__)
         return self._get(self._view.apply_async(fn, *args), fn.__name__)
 
-    def _get(self, ar, what: str):
+    def _get(self, ar, what: str, timeout: float | None = None):
+        timeout = self.call_timeout if timeout is None else timeout
         try:
-            return ar.get()
+            return ar.get(timeout=timeout)
+        except ipp.error.TimeoutError:
+            waiting = self._waiting_ranks(ar)
+            self._report("failed")
+            self._stop_world(force=True)
+            raise RankError(f"{what} did not finish in {timeout:.0f} s{waiting}: the world was ended "
+                            "(a rank may hang); recover(checkpoint) starts a new one") from None
         except ipp.error.CompositeError as e:
             lines = [f"rank {self._rank_of(info)}: {name}: {message}" for name, message, _tb, info in e.elist]
             error = RankError(f"{what} failed on " + "; ".join(sorted(lines)))
@@ -485,6 +604,15 @@ class TrainingSession:
             raise error from None
         except ipp.error.RemoteError as e:
             raise RankError(f"{what} failed: {e.ename}: {e.evalue}") from None
+
+    def _waiting_ranks(self, ar) -> str:
+        """ ' on rank(s) …' for the ranks whose part of ``ar`` has not come back (calls on the whole world)."""
+        ids = list(getattr(ar, "msg_ids", []))
+        ranks = sorted(getattr(self, "_engine_of", {}))
+        if self._client is None or len(ids) != len(ranks):
+            return ""
+        left = [str(r) for r, m in zip(ranks, ids) if m in self._client.outstanding]
+        return f" on rank(s) {', '.join(left)}" if left else ""
 
     def _rank_of(self, info) -> str:
         engine = info.get("engine_id") if isinstance(info, dict) else info

@@ -12,6 +12,7 @@ export type SessionState =
   | 'training'
   | 'stopped'
   | 'failed'
+  | 'walltime' // stopped and checkpointed before the job's walltime ends
   | 'stale'; // reported as training, then silent (its kernel gone?)
 
 /** One rank (one engine process) of the training world. */
@@ -45,6 +46,8 @@ export interface IInJob {
   time_left_s: number | null;
   ranks: IRank[];
   session: SessionState;
+  /** What the session said last (e.g. where it checkpointed before the walltime), or null. */
+  session_message: string | null;
 }
 
 export type Allocation = INotInJob | IInJob;
@@ -101,7 +104,8 @@ export async function fetchAllocation(
     time_left: optString(body.time_left),
     time_left_s: optNumber(body.time_left_s),
     ranks: Array.isArray(body.ranks) ? body.ranks.map(toRank) : [],
-    session: (optString(body.session) ?? 'none') as SessionState
+    session: (optString(body.session) ?? 'none') as SessionState,
+    session_message: optString(body.message)
   };
 }
 

@@ -90,6 +90,9 @@ export class AllocationPanel extends Widget {
     fact('GPUs', 'jp-hpcdl-gpus', gpusText(job), job.gres ? `gres ${job.gres}` : '');
     this._timeLeft = fact('Time left', 'jp-hpcdl-time-left', '');
     fact('Session', 'jp-hpcdl-session', job.session);
+    if (job.session_message) {
+      this._body.append(para('jp-hpcdl-session-message', job.session_message));
+    }
     const ranks = document.createElement('div');
     ranks.className = 'jp-hpcdl-ranks-wrap'; // scrolls sideways in a narrow sidebar
     ranks.append(this._ranksTable(job.ranks));

@@ -1,0 +1,105 @@
+"""A session's reaper: a small process in its own session that outlives the kernel. If the kernel dies (killed,
+crashed, restarted) before it closed its training session, the reaper ends what the session started: the engines
+(through the allocation's owner where it started them), the ipyparallel controller and its launchers (a batch job of
+the ranks included), leftover local engine processes, and the session's private directory. When the session closes
+normally it stops the reaper first.
+
+    python -m jupyter_hpcdl.training.reaper --kernel-pid PID --kernel-started T --cluster-file F [...]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+
+def kernel_alive(pid: int, started: float) -> bool:
+    """Whether ``pid`` is still the kernel that started at ``started`` (not a reused pid, not a zombie)."""
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - started) < 1.0 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _with_deadline(fn, seconds: float, what: str) -> None:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        print(f"hpcdl reaper: {what} did not finish in {seconds:.0f} s", file=sys.stderr)
+
+
+def reap(args: argparse.Namespace) -> None:
+    if args.owner_socket and os.path.exists(args.owner_socket):
+        from jupyter_hpcdl.allocation import request
+
+        _with_deadline(lambda: request(args.owner_socket, "DELETE", "/engines"), 60, "stopping the engines' steps")
+    if args.cluster_file and os.path.exists(args.cluster_file):
+        import ipyparallel as ipp
+
+        _with_deadline(lambda: ipp.Cluster.from_file(args.cluster_file).stop_cluster_sync(), 60,
+                       "stopping the controller and engines")
+    for pid in args.pid:
+        try:
+            p = psutil.Process(pid)
+            if p.uids().real == os.getuid():
+                p.kill()  # a stopped (SIGSTOP) engine gets no other signal
+        except psutil.Error:
+            pass
+    if args.session_dir:
+        shutil.rmtree(args.session_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jupyter_hpcdl.training.reaper", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kernel-pid", type=int, required=True)
+    p.add_argument("--kernel-started", type=float, required=True)
+    p.add_argument("--cluster-file")
+    p.add_argument("--owner-socket")
+    p.add_argument("--session-dir")
+    p.add_argument("--pid", type=int, action="append", default=[], help="a local engine process to kill")
+    p.add_argument("--interval", type=float, default=1.0)
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the session closed normally
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while kernel_alive(args.kernel_pid, args.kernel_started):
+        time.sleep(args.interval)
+    reap(args)
+    return 0
+
+
+def start_reaper(cluster_file: str | None, owner_socket: str | None, session_dir: str,
+                 pids: list[int]) -> subprocess.Popen:
+    """Watch this process (the kernel); returns the reaper, which :func:`stop_reaper` ends."""
+    me = psutil.Process()
+    argv = [sys.executable, "-m", "jupyter_hpcdl.training.reaper", f"--kernel-pid={me.pid}",
+            f"--kernel-started={me.create_time()}", f"--session-dir={session_dir}", *(f"--pid={p}" for p in pids)]
+    if cluster_file:
+        argv.append(f"--cluster-file={cluster_file}")
+    if owner_socket:
+        argv.append(f"--owner-socket={owner_socket}")
+    return subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, close_fds=True)
+
+
+def stop_reaper(proc: subprocess.Popen | None, timeout: float = 5) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

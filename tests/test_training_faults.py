@@ -1,0 +1,214 @@
+"""Training never hangs and never leaks (local ranks): a stopped rank is reported within the bound and the world
+ends, Stop and calls end even when a rank hangs, the rendezvous answers only with the session's secret and only on
+loopback, the controller's files are private, and a killed kernel leaves nothing running."""
+from __future__ import annotations
+
+import json
+import re
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import cloudpickle
+import psutil
+import pytest
+
+from jupyter_hpcdl.training import RankError, TrainingSession
+from jupyter_hpcdl.training.watchdog import stall_message, suspects
+
+import workloads
+from workloads import digits_loss, digits_model, digits_shard
+
+pytest.importorskip("horovod.tensorflow.keras")
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(workloads)
+
+
+def _request(method: str, url: str, body: bytes | None = None) -> int:
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+# -- pure ------------------------------------------------------------------------------------------------------------
+def test_stall_message_names_the_rank_that_holds_the_others():
+    world = [{"rank": 0, "node": "node1"}, {"rank": 1, "node": "node2"}]
+    latest = {0: {"epoch": 2, "batch": 20}, 1: {"epoch": 2, "batch": 15}}
+    assert suspects(world, latest, {}) == [1]
+    assert suspects(world, latest, {0: "stopped (SIGSTOP?)", 1: "sleeping"}) == [0]
+    assert suspects(world, {0: {"epoch": 1, "batch": 5}, 1: {"epoch": 1, "batch": 5}}, {}) == []
+    msg = stall_message("fit", 61, "stall_timeout", world, latest, {1: "stopped (SIGSTOP?)"})
+    assert msg.startswith("fit made no progress for 61 s (stall_timeout): rank(s) 1 held the others up.")
+    assert "rank 1 (node2): last at epoch 2 batch 15, process stopped (SIGSTOP?)" in msg and "recover(" in msg
+
+
+def test_rendezvous_needs_the_secret_and_listens_on_one_address():
+    from jupyter_hpcdl.training.rendezvous import FORBIDDEN, SessionRendezvous
+
+    rv = SessionRendezvous(bind="127.0.0.1")
+    port = rv.start()
+    try:
+        listening = [c for c in psutil.Process().net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        assert [c.laddr.ip for c in listening] == ["127.0.0.1"], listening
+        base = f"http://127.0.0.1:{port}"
+        assert _request("PUT", f"{base}/global/0", b"x") == FORBIDDEN  # what anyone on the machine could send
+        assert _request("GET", f"{base}/global/0") == FORBIDDEN
+        assert _request("PUT", f"{base}/not-the-secret:{port}/global/0", b"x") == FORBIDDEN
+        assert _request("DELETE", f"{base}/global/0") == FORBIDDEN
+        # what Horovod's client sends with HOROVOD_GLOO_RENDEZVOUS_ADDR = rank_address(), PORT = port
+        prefix = f"http://{rv.rank_address('127.0.0.1')}:{port}"
+        assert _request("PUT", f"{prefix}/global/0", b"x") == 200
+        assert _request("GET", f"{prefix}/global/0") == 200
+    finally:
+        rv.stop()
+
+
+# -- real ranks ------------------------------------------------------------------------------------------------------
+def _engine_pids(session) -> dict[int, int]:
+    return {int(w["rank"]): int(w["pid"]) for w in session.world}
+
+
+def _fit_in_thread(session, epochs: int = 500):
+    box: dict = {}
+
+    def run():
+        t0 = time.monotonic()
+        try:
+            box["result"] = session.fit(epochs=epochs)
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            box["error"] = e
+        box["seconds"] = time.monotonic() - t0
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def _wait_for_batches(session, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(session.metrics) > 4:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the ranks never started training")
+
+
+def _gone(pids, timeout: float = 30) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return []
+        time.sleep(0.5)
+    return alive
+
+
+@pytest.mark.timeout(300)
+def test_stopped_rank_is_reported_within_the_bound_and_the_world_ends():
+    with TrainingSession(ranks=2, stall_timeout=20) as s:
+        s.setup(digits_model, digits_shard, loss=digits_loss, lr=0.05, batch_size=16)
+        pids = _engine_pids(s)
+        thread, box = _fit_in_thread(s)
+        _wait_for_batches(s)
+        stopped_at = time.monotonic()
+        os.kill(pids[1], signal.SIGSTOP)
+        thread.join(120)
+        assert not thread.is_alive(), "fit still waits on a stopped rank"
+        took = time.monotonic() - stopped_at
+        assert isinstance(box.get("error"), RankError), box
+        message = str(box["error"])
+        print(f"reported after {took:.1f} s: {message}")
+        assert took < 20 + 10, f"reported after {took:.0f} s: {message}"
+        assert re.search(r"rank\(s\) 1 (held the others up|died during fit)", message), message
+        assert not s.world and _gone(pids.values()) == [], "the world's engines are still running"
+
+
+@pytest.mark.timeout(300)
+def test_stop_and_calls_end_even_when_a_rank_hangs():
+    with TrainingSession(ranks=2, stop_grace=5, call_timeout=5) as s:
+        s.setup(digits_model, digits_shard, loss=digits_loss, lr=0.05, batch_size=16)
+        pids = _engine_pids(s)
+        thread, box = _fit_in_thread(s)
+        _wait_for_batches(s)
+        os.kill(pids[0], signal.SIGSTOP)
+        t0 = time.monotonic()
+        s.stop_training()
+        thread.join(60)
+        assert not thread.is_alive() and time.monotonic() - t0 < 5 + 10
+        message = str(box.get("error"))
+        assert "Stop made no progress for" in message and "(stop_grace)" in message and "rank(s) 0" in message, message
+        assert _gone(pids.values()) == []
+        # a call to a hung rank ends too, naming it
+        s.start()
+        s.setup(digits_model, digits_shard, loss=digits_loss, lr=0.05, batch_size=16)
+        pids = _engine_pids(s)
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(RankError, match=r"shard_size did not finish in 5 s on rank\(s\) 1"):
+            s.shard_sizes()
+        assert time.monotonic() - t0 < 5 + 15 and _gone(pids.values()) == []
+
+
+def test_controller_files_are_private_and_it_listens_on_loopback():
+    with TrainingSession(ranks=2) as s:
+        security = Path(s._cluster.profile_dir, "security")
+        mine = list(security.glob(f"*{s._cluster.cluster_id}*.json"))
+        assert mine, list(security.iterdir())
+        assert security.stat().st_mode & 0o077 == 0, "the connection files' directory is open to others"
+        with_key = [f for f in mine if json.loads(f.read_text()).get("key")]
+        assert {f.name.rsplit("-", 1)[-1] for f in with_key} == {"client.json", "engine.json"}, mine
+        for f in with_key:  # the cluster file (ipcluster's bookkeeping) holds no key
+            assert f.stat().st_mode & 0o077 == 0, f"{f} is readable by others: {oct(f.stat().st_mode)}"
+        kernel = psutil.Process()
+        listeners = [c for p in kernel.children(recursive=True) for c in _listening(p)]
+        assert listeners and {c.laddr.ip for c in listeners} == {"127.0.0.1"}, listeners
+
+
+def _listening(p: psutil.Process):
+    try:
+        return [c for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        return []
+
+
+KERNEL = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from jupyter_hpcdl.training import TrainingSession
+s = TrainingSession(ranks=2)
+s.start()
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_kernel_leaves_nothing_running(tmp_path):
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL.format(tests=str(Path(__file__).parent))],
+                              stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert kernel.stdout.readline().strip() == "READY"
+        tree = psutil.Process(kernel.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in tree)
+        assert "ipyparallel" in names or "ipcontroller" in names, names
+        assert "jupyter_hpcdl.training.reaper" in names
+        kernel.kill()
+        kernel.wait(10)
+        left = _gone([p.pid for p in tree], timeout=60)
+        assert not left, [" ".join(psutil.Process(p).cmdline()) for p in left if psutil.pid_exists(p)]
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+
+
+
