@@ -197,29 +197,32 @@ def test_a_kernel_in_its_container_asks_for_a_new_allocation_through_the_owner(b
 
 
 UNEVEN_CODE = """
-import json, os
+import json, math
 import numpy as np
 from jupyter_hpcdl.newjob import NewAllocation
 from jupyter_hpcdl.training import TrainingSession
 from jupyter_hpcdl.training.examples import digits_loss, digits_model
 
-def uneven(rank, size):  # np.array_split of the 1797 digits: shards that differ by one sample
+def uneven(rank, size):  # np.array_split of 1796 digits: shards that differ by one sample
     from sklearn.datasets import load_digits
     x, y = load_digits(return_X_y=True)
-    return np.array_split((x / 16.0).astype("float32"), size)[rank], np.array_split(y, size)[rank]
+    return np.array_split((x[:1796] / 16.0).astype("float32"), size)[rank], np.array_split(y[:1796], size)[rank]
 
+BATCH = {3: 46, 7: 32, 8: 32}  # 599/598 samples -> 14/13 batches; 257/256 -> 9/8; 225/224 -> 8/7
 session = TrainingSession(ranks=3, where="new", start_timeout=300,
                           new_allocation=NewAllocation(nodes=2, walltime="00:15:00", partition="gpu"))
 rows = []
 try:
     session.start()
-    session.setup(digits_model, uneven, loss=digits_loss, lr=0.1, batch_size=32)
     for n in (3, 7, 8):
         if n != 3:
             session.rescale(n)
-        fit = session.fit(epochs=1)  # raises WorldDiverged unless every rank ends with the same weights
+        built = session.setup(digits_model, uneven, loss=digits_loss, lr=0.1, batch_size=BATCH[n])
+        fit = session.fit(epochs=2)  # raises WorldDiverged unless every rank ends with the same weights
         rows.append({"ranks": n, "nodes": sorted({w["node"] for w in session.world}),
-                     "samples": sorted(session.shard_sizes().values()), "epochs": fit.epochs_done})
+                     "samples": sorted(b["samples"] for b in built), "steps": sorted({b["steps_per_epoch"] for b in built}),
+                     "own_batches": sorted({math.ceil(b["samples"] / BATCH[n]) for b in built}),
+                     "epochs": fit.epochs_done})
 finally:
     session.close()
 print(json.dumps(rows))
@@ -228,15 +231,17 @@ print(json.dumps(rows))
 
 @pytest.mark.timeout(1200)
 def test_uneven_shards_at_3_7_and_8_ranks_across_two_nodes_in_containers(alice):
-    """8 ranks on digits with batch 32 give shards of 225 and 224 samples: 8 and 7 batches, which deadlocked."""
+    """Shards that need different numbers of batches (8 ranks with batch 32: 8 and 7), which deadlocked."""
     r = alice.run(alice.bed["venv"] + "/bin/python", "-c", UNEVEN_CODE, timeout=1100)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert [row["ranks"] for row in rows] == [3, 7, 8]
     for row in rows:
         assert row["nodes"] == ["node1", "node2"], row
-        assert max(row["samples"]) - min(row["samples"]) == 1 and sum(row["samples"]) == 1797, row
-    assert [row["epochs"] for row in rows] == [1, 2, 3], "each rescale continued from the checkpoint"
+        assert max(row["samples"]) - min(row["samples"]) == 1 and sum(row["samples"]) == 1796, row
+        assert len(row["own_batches"]) == 2, f"the shards should need different numbers of batches: {row}"
+        assert row["steps"] == [max(row["own_batches"])], row  # all ranks run the most any rank needs
+        assert row["epochs"] == 2, row
 
 
 WALLTIME_CODE = """

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import re
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -212,3 +214,75 @@ def test_a_killed_kernel_leaves_nothing_running(tmp_path):
 
 
 
+
+
+ALICE_SESSION = """
+import json, sys
+from jupyter_hpcdl.training import TrainingSession
+s = TrainingSession(ranks=2)
+s.start()
+c = s._cluster
+print(json.dumps({"rendezvous": s._rendezvous.port,
+                  "client_file": f"{c.profile_dir}/security/ipcontroller-{c.cluster_id}-client.json"}), flush=True)
+sys.stdin.readline()
+s.close()
+"""
+
+BOB_PROBE = """
+import json, sys, urllib.error, urllib.request
+import ipyparallel as ipp
+info = json.loads(sys.argv[1])
+out = {}
+req = urllib.request.Request(f"http://127.0.0.1:{info['rendezvous']}/global/0", data=b"x", method="PUT")
+try:
+    out["rendezvous"] = urllib.request.urlopen(req, timeout=5).status
+except urllib.error.HTTPError as e:
+    out["rendezvous"] = e.code
+try:
+    open(info["client_file"]).read()
+    out["read_connection_file"] = True
+except OSError as e:
+    out["read_connection_file"] = type(e).__name__
+forged = info["connection"]  # the controller's ports, as anyone sees them listening, and a key of bob's own
+forged["key"] = "not-alices-key"
+with open(sys.argv[2], "w") as f:
+    json.dump(forged, f)
+try:
+    ipp.Client(sys.argv[2], timeout=8).close()
+    out["controller"] = "answered"
+except Exception as e:
+    out["controller"] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.testbed
+@pytest.mark.timeout(300)
+def test_bob_cannot_use_alices_session(alice, bob):
+    env = alice.env()
+    session = subprocess.Popen(["runuser", "-u", "alice", "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                                f"{alice.bed['venv']}/bin/python", "-c", ALICE_SESSION], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, cwd=alice.home)
+    try:
+        info = json.loads(session.stdout.readline())
+        connection = json.loads(Path(info["client_file"]).read_text())  # root reads it, to hand bob the ports only
+        listening = [c for p in psutil.Process(session.pid).children(recursive=True) for c in _listening(p)]
+        assert listening and {c.laddr.ip for c in listening} == {"127.0.0.1"}, listening
+        forged_file = Path(tempfile.mkdtemp(prefix="hpcdl-bob-")) / "forged.json"
+        shutil.chown(forged_file.parent, "bob")
+        probe = {**info, "connection": {k: v for k, v in connection.items() if k != "key"}}
+        r = bob.run(f"{bob.bed['venv']}/bin/python", "-c", BOB_PROBE, json.dumps(probe), str(forged_file), timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        seen = json.loads(r.stdout.strip().splitlines()[-1])
+        assert seen["rendezvous"] == 403
+        assert seen["read_connection_file"] == "PermissionError"
+        assert seen["controller"] == "TimeoutError", seen
+        # the same client with alice's own key is answered: the refusal is the key's doing
+        forged_file.write_text(json.dumps(connection))
+        import ipyparallel as ipp
+        ipp.Client(str(forged_file), timeout=15).close()
+        shutil.rmtree(forged_file.parent)
+    finally:
+        session.stdin.write("\n")
+        session.stdin.flush()
+        session.wait(60)
