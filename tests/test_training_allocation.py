@@ -289,3 +289,56 @@ def test_training_stops_and_checkpoints_before_the_walltime_then_continues_in_a_
     assert out["second_job"] != out["first_job"]
     assert all(s in ("COMPLETING", "CANCELLED") for s in out["left_over"][1::2]), out["left_over"]
     os.unlink(out["checkpoint"])
+
+
+KILLED_KERNEL_CODE = """
+import json, os
+from jupyter_hpcdl.training import TrainingSession
+session = TrainingSession(ranks=2, where="allocation")
+world = session.start()
+print(json.dumps({"pid": os.getpid(), "engines": [w["pid"] for w in world]}))
+"""
+
+
+def _alices_ipyparallel() -> list[str]:
+    found = []
+    for p in psutil.process_iter(["username", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["username"] == "alice" and "ipyparallel" in cmd:
+            found.append(f"{p.pid} {cmd[:120]}")
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_kernel_in_the_job_leaves_no_engine_controller_or_step(bed):
+    import asyncio
+    import os
+    import signal
+    import time
+
+    hub = Hub(bed)
+    status, body = hub.api("POST", "/hub/api/users/alice/server", {"nodes": 2, "gpus_per_node": 1, "walltime": "00:20:00"})
+    assert status in (201, 202), body
+    kernel = None
+    try:
+        hub.wait_ready("alice")
+        job = subprocess.run(["squeue", "-h", "-u", "alice", "-o", "%i"], capture_output=True, text=True).stdout.split()
+        assert len(job) == 1, job
+        status, kernel = hub.api("POST", "/user/alice/api/kernels", {"name": "hpcdl"}, timeout=120)
+        assert status == 201, kernel
+        out = asyncio.run(hub._execute(f"/user/alice/api/kernels/{kernel['id']}/channels", KILLED_KERNEL_CODE, 300))
+        info = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+        steps = lambda: [s for s in subprocess.run(["squeue", "-h", "-s", "-j", job[0], "-o", "%i"],  # noqa: E731
+                                                   capture_output=True, text=True).stdout.split()
+                         if not s.endswith((".batch", ".extern"))]
+        assert steps() and _alices_ipyparallel(), "the session's engines are not running"
+        os.kill(info["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and (steps() or _alices_ipyparallel()):
+            time.sleep(1)
+        assert not steps(), f"engine steps left after the kernel was killed: {steps()}"
+        assert not _alices_ipyparallel(), _alices_ipyparallel()
+    finally:
+        if kernel and isinstance(kernel, dict) and "id" in kernel:
+            hub.api("DELETE", f"/user/alice/api/kernels/{kernel['id']}")
+        hub.stop("alice")
