@@ -214,16 +214,54 @@ def test_missing_udocker_tools(bed, alice, alice_dir):
 
 
 @pytest.mark.testbed
-def test_exchange_directory_not_shared(bed):
-    private = Path(tempfile.mkdtemp(prefix="hpcdl-doctor-root-"))  # root's, 0700: the node (as alice) can't see in
+def test_no_result_from_the_node_and_an_unusable_exchange_directory(bed, alice):
+    """The nodes lack the environment (the job's Python is missing): the job runs, no result comes back. And a
+    directory the user cannot write is refused before any job, as the user (not as root)."""
+    rc, report = doctor(bed, "--python", "/nonexistent/venv/bin/python")
+    assert rc == 1
+    f = find(report, "shared home")
+    assert "result never appeared" in f["message"] and "/nonexistent/venv/bin/python exists on the nodes" in f["fix"]
+    assert no_jobs_of_alice() and not list(Path(alice.home, ".jupyter-hpcdl/doctor").glob("*"))
+    private = Path(tempfile.mkdtemp(prefix="hpcdl-doctor-root-"))  # root's, 0700
     try:
         rc, report = doctor(bed, "--exchange-dir", str(private))
         assert rc == 1
         f = find(report, "shared home")
-        assert "result never appeared" in f["message"] and "shared between the hub host and the nodes" in f["fix"]
+        assert "cannot prepare the exchange directory" in f["message"] and "as alice" in f["message"], f
         assert not list(private.iterdir()) and no_jobs_of_alice()
     finally:
         shutil.rmtree(private)
+
+
+def test_exchange_files_are_handled_as_the_user():
+    """As root, a link the user planted cannot redirect the doctor: the child that writes has the user's rights."""
+    import pwd as pwdlib
+
+    from jupyter_hpcdl.doctor.exchange import ExchangeError, prepare, run_as
+    if os.geteuid() != 0 or "nobody" not in {p.pw_name for p in pwdlib.getpwall()}:
+        pytest.skip("needs root and the user nobody")
+    tmp_path = Path(tempfile.mkdtemp(prefix="hpcdl-exchange-"))
+    try:
+        _exchange_trap(tmp_path, prepare, run_as, ExchangeError)
+    finally:
+        shutil.rmtree(tmp_path)
+
+
+def _exchange_trap(tmp_path, prepare, run_as, ExchangeError):
+    victim = tmp_path / "root-only"
+    victim.write_text("keep")
+    victim.chmod(0o600)
+    tmp_path.chmod(0o755)
+    (tmp_path / "x").mkdir(mode=0o777)
+    (tmp_path / "x").chmod(0o777)
+    (tmp_path / "x" / "n1").mkdir()
+    (tmp_path / "x" / "n1" / "request.json").symlink_to(victim)  # a trap in the directory
+    with pytest.raises(ExchangeError):
+        run_as("nobody", prepare, str(tmp_path / "x"), "n1", "{}")
+    assert victim.read_text() == "keep"
+    with pytest.raises(ExchangeError, match="Permission denied"):
+        run_as("nobody", lambda: open(victim).read())
+    assert run_as("nobody", prepare, str(tmp_path / "x"), "n2", "{}").endswith("/x/n2")
 
 
 @pytest.mark.testbed

@@ -9,13 +9,11 @@ import os
 import pwd
 import secrets
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, requires
-from pathlib import Path
 
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
@@ -28,12 +26,14 @@ from jupyter_hpcdl.spawner.profile import Profile, SiteProfile
 from jupyter_hpcdl.spawner.scheduler import ENDED, Scheduler, load_scheduler
 
 from .assess import Expected, assess_node
+from .exchange import DEFAULT_PARENT, ExchangeError, collect, prepare, remove, run_as
 from .facts import NodeFacts, ProbeRequest, facts_from_json
-from .probe import check_hub, write_atomically
+from .probe import check_hub
 from .report import FAIL, OK, SKIP, Finding, exit_code, render_json, render_text
 
 DEFAULT_EXEC_PREFIX = ["sudo", "-n", "-u", "{username}"]
 JOB_ENV = ("PATH", "HOME", "USER", "LANG")
+KEEP_ENV = ("SLURM_CONF",)  # kept through the exec prefix when the doctor has them
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def _run(argv: list[str], env: dict[str, str], timeout: float, input: str | None
 
 
 def check_scheduler(sched: Scheduler, target: Target, env: dict, partition: str, timeout: float) -> Finding:
-    argv = [*_become(target), *sched.availability_argv()]
+    argv = [*_become(target, tuple(n for n in KEEP_ENV if n in env)), *sched.availability_argv()]
     try:
         r = _run(argv, env, timeout)
     except FileNotFoundError:
@@ -106,75 +106,89 @@ def check_hub_api(url: str) -> Finding:
     return Finding("hub API", OK, f"{url} answers (HTTP {status})")
 
 
-def exchange_dir(parent: str | None, target: Target, nonce: str) -> Path:
-    """A private directory for the request and the result, owned by the user, under their home by default."""
-    base = Path(parent) if parent else Path(target.home) / ".jupyter-hpcdl" / "doctor"
-    created = []
-    for d in reversed([base / nonce, *(base / nonce).parents]):
-        if not d.exists():
-            d.mkdir(mode=0o700)
-            created.append(d)
-    if os.geteuid() == 0:
-        uid, gid = pwd.getpwnam(target.user).pw_uid, pwd.getpwnam(target.user).pw_gid
-        for d in created:
-            if parent is None or d == base / nonce:
-                os.chown(d, uid, gid)
-    return base / nonce
-
-
-def job_script(sched: Scheduler, req: JobRequest, python: str, work: Path, home: str) -> str:
-    header = sched.header(req, "hpcdl-doctor", str(work / "job.out"), home)
-    probe = [python, "-m", "jupyter_hpcdl.doctor.probe", str(work / "request.json")]
+def job_script(sched: Scheduler, req: JobRequest, python: str, work: str, home: str) -> str:
+    header = sched.header(req, "hpcdl-doctor", f"{work}/job.out", home)
+    probe = [python, "-m", "jupyter_hpcdl.doctor.probe", f"{work}/request.json"]
     return "\n".join(["#!/bin/bash", *header, "exec " + " ".join(shlex.quote(a) for a in probe)]) + "\n"
 
 
-def run_node_job(sched: Scheduler, target: Target, env: dict, probe_req: ProbeRequest, req: JobRequest, python: str,
-                 work: Path, timeout: float) -> tuple[NodeFacts | None, list[Finding]]:
-    """Submit the probe, wait for it (at most ``timeout`` s, then cancel it), return its facts."""
-    write_atomically(str(work / "request.json"), _json(probe_req))
-    if os.geteuid() == 0:
-        os.chown(work / "request.json", pwd.getpwnam(target.user).pw_uid, -1)
-    script = job_script(sched, req, python, work, target.home)
-    submit = [*_become(target, JOB_ENV), *sched.submit_argv(JOB_ENV)]
+def _cancel(sched: Scheduler, target: Target, env: dict, job_id: str) -> None:
     try:
-        r = _run(submit, env, 60, input=script)
+        _run([*_become(target), *sched.cancel_argv(job_id)], env, 30)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+def wait_for_job(sched: Scheduler, env: dict, job_id: str, timeout: float) -> tuple[bool, str, str]:
+    """Poll the queue until ``job_id`` has ended (gone from it, or ENDED) or ``timeout`` passes; return (ended,
+    node, last state). A failed or missing first reading is retried, not taken for the end."""
+    deadline, node, state, seen, misses = time.monotonic() + timeout, "", "not seen yet", False, 0
+    while time.monotonic() < deadline:
+        try:
+            q = _run(sched.queue_argv(), env, 30)
+        except (OSError, subprocess.TimeoutExpired):
+            q = None
+        if q is not None and q.returncode == 0:
+            info = sched.parse_queue(q.stdout).get(job_id)
+            if info is None:
+                misses += 1
+                if seen or misses >= 5:  # gone from the queue (a very short job may never be seen running)
+                    return True, node, state
+            else:
+                seen, state = True, f"{info.state} ({info.reason})" if info.reason else info.state
+                node = info.batch_host or node
+                if info.phase == ENDED:
+                    return True, node, state
+        time.sleep(1)
+    return False, node, state
+
+
+def run_node_job(sched: Scheduler, target: Target, env: dict, probe_req: ProbeRequest, req: JobRequest, python: str,
+                 work: str, timeout: float) -> tuple[NodeFacts | None, list[Finding]]:
+    """Submit the probe, wait for it (at most ``timeout`` s, then cancel it), return its facts. The job never
+    outlives the doctor: any way out of the wait before it ended cancels it."""
+    script = job_script(sched, req, python, work, target.home)
+    names = JOB_ENV + tuple(n for n in KEEP_ENV if n in env)
+    why = ""
+    try:
+        r = _run([*_become(target, names), *sched.submit_argv(names)], env, 60, input=script)
         job_id = sched.parse_submit(r.stdout) if r.returncode == 0 else None
-    except (subprocess.TimeoutExpired, ValueError) as e:
-        r, job_id = None, None
-        why = str(e)
+        why = (r.stderr or r.stdout).strip()[-300:]
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        job_id, why = None, str(e)
     if job_id is None:
-        why = (r.stderr or r.stdout).strip()[-300:] if r is not None else why
         return None, [Finding("node job", FAIL, f"submitting the doctor's job as {target.user} failed: {why}",
                               f"check that {target.user} may submit to partition {req.partition} with --gres=gpu:"
                               f"{req.gpus_per_node}")]
-    deadline, node, info = time.monotonic() + timeout, "", None
-    while time.monotonic() < deadline:
-        q = _run(sched.queue_argv(), env, 30)
-        info = sched.parse_queue(q.stdout).get(job_id) if q.returncode == 0 else info
-        if info is not None and info.batch_host:
-            node = info.batch_host
-        if info is None or info.phase == ENDED:
-            break
-        time.sleep(1)
-    else:
-        _run([*_become(target), *sched.cancel_argv(job_id)], env, 30)
-        state = f"{info.state} ({info.reason})" if info else "unknown"
+    ended = False
+    try:
+        ended, node, state = wait_for_job(sched, env, job_id, timeout)
+    finally:
+        if not ended:
+            _cancel(sched, target, env, job_id)
+    if not ended:
         return None, [Finding("node job", FAIL, f"job {job_id} still {state} after {timeout:.0f} s; cancelled",
-                              f"are the nodes of partition {req.partition} up and free? (sinfo); or give --timeout")]
-    result = Path(probe_req.result)
+                              f"are the nodes of partition {req.partition} up and free? (sinfo); or give a longer "
+                              "--timeout")]
+    found: dict = {}
     for _ in range(10):  # a shared file system may show the file a moment later
-        if result.exists():
+        found = run_as(target.user, collect, work)
+        if found["result"] is not None:
             break
         time.sleep(0.5)
-    if not result.exists():
-        out = work / "job.out"
-        tail = " / ".join(out.read_text(errors="replace").strip().splitlines()[-3:]) if out.exists() else "no job output"
+    if found["result"] is None:
+        lines = (found["job_out"] or "").strip().splitlines()[-3:]
+        tail = " / ".join(lines) if lines else "no job output"
         return None, [Finding("shared home", FAIL, f"job {job_id} ran{' on ' + node if node else ''} but its result "
                               f"never appeared in {work} on the hub host ({tail})",
                               "home directories (or the doctor's --exchange-dir) must be shared between the hub host "
                               "and the nodes, at the same path, and writable by the user there; also check that "
                               f"{python} exists on the nodes", where=node or "node")]
-    facts = facts_from_json(result.read_text())
+    try:
+        facts = facts_from_json(found["result"])
+    except (ValueError, TypeError) as e:
+        return None, [Finding("node job", FAIL, f"job {job_id}'s result in {work} is not the probe's: {e}",
+                              "check that the nodes run the same jupyter-hpcdl as the hub host", where=node or "node")]
     if facts.nonce != probe_req.nonce:
         return facts, [Finding("shared home", FAIL, f"the result in {work} is not this run's", "run the doctor again",
                                where=facts.node)]
@@ -240,8 +254,7 @@ def doctor(args: argparse.Namespace) -> list[Finding]:
     python = args.python or cfg.HpcdlSpawner.get("python") or sys.executable
     env = {"PATH": f"{os.path.dirname(python)}:/usr/local/bin:/usr/bin:/bin", "HOME": target.home,
            "USER": target.user, "LANG": "C.UTF-8"}
-    if "SLURM_CONF" in os.environ:
-        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    env.update({n: os.environ[n] for n in KEEP_ENV if n in os.environ})
     batch = check_scheduler(sched, target, env, partition, args.cli_timeout)
     url = args.hub_url or hub_api_url(cfg)
     findings += [batch, check_hub_api(url)]
@@ -250,20 +263,30 @@ def doctor(args: argparse.Namespace) -> list[Finding]:
     if batch.status == FAIL:
         return findings + [Finding("node checks", SKIP, "not run: the batch system does not answer")]
     images = tuple(args.image) or tuple(i.ref for i in profile.images.values())
+    timeout = args.timeout or 120 + args.step_timeout * (3 * len(images) + 2)  # pull, create, run per image
     nonce = secrets.token_hex(8)
-    work = exchange_dir(args.exchange_dir, target, nonce)
+    work = os.path.join(args.exchange_dir or os.path.join(target.home, DEFAULT_PARENT.removeprefix("~/")), nonce)
+    probe_req = ProbeRequest(nonce=nonce, hub_url=url, result=f"{work}/result.json", images=images, gpus=args.gpus,
+                             site_config=site_config if os.path.exists(site_config) else None,
+                             step_timeout=args.step_timeout)
     try:
-        probe_req = ProbeRequest(nonce=nonce, hub_url=url, result=str(work / "result.json"), images=images,
-                                 gpus=args.gpus, site_config=site_config if os.path.exists(site_config) else None,
-                                 step_timeout=args.step_timeout)
+        run_as(target.user, prepare, args.exchange_dir, nonce, _json(probe_req))
+    except ExchangeError as e:
+        return findings + [Finding("shared home", FAIL, f"cannot prepare the exchange directory {work} as "
+                                   f"{target.user}: {e}", "the user's home (or --exchange-dir) must exist and be "
+                                   "writable by them")]
+    try:
         req = JobRequest(partition=partition, nodes=1, gpus_per_node=args.gpus,
-                         walltime_minutes=max(5, math.ceil(args.timeout / 60) + 1), image="doctor", image_ref=images[0])
-        facts, found = run_node_job(sched, target, env, probe_req, req, python, work, args.timeout)
+                         walltime_minutes=max(5, math.ceil(timeout / 60) + 1), image="doctor", image_ref=images[0])
+        facts, found = run_node_job(sched, target, env, probe_req, req, python, work, timeout)
         findings += found
         if facts is not None:
             findings += assess_node(facts, expected(), site.registry)
+    except ExchangeError as e:
+        findings.append(Finding("shared home", FAIL, f"the exchange directory {work}: {e}",
+                                "the user's home (or --exchange-dir) must be writable by them"))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        run_as(target.user, remove, work)
     return findings
 
 
@@ -278,7 +301,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hub-url", help="the hub API URL jobs report to (default: from the hub config)")
     p.add_argument("--python", help="the nodes' Python with jupyter-hpcdl (default: c.HpcdlSpawner.python)")
     p.add_argument("--exchange-dir", help="shared directory for the job's request and result (default ~USER/.jupyter-hpcdl/doctor)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds the job may take, queue included (then cancelled)")
+    p.add_argument("--timeout", type=float, help="seconds the job may take, queue included, then it is cancelled "
+                   "(default: 120 + step-timeout x (3 x images + 2))")
     p.add_argument("--step-timeout", type=float, default=180, help="seconds for each step on the node")
     p.add_argument("--cli-timeout", type=float, default=20, help="seconds the batch system's CLI may take to answer")
     p.add_argument("--no-job", action="store_true", help="only the hub host's checks")
