@@ -61,7 +61,7 @@ src_stamp=$(cd "$repo" && find pyproject.toml README.md jupyter-config jupyter_h
 wheel=$(ls "$cache"/dist/jupyter_hpcdl-*.whl 2>/dev/null | head -n1 || true)
 if [[ -z $wheel || $(cat "$cache/dist/.hpcdl-src" 2>/dev/null) != "$src_stamp" ]]; then
   log "building the jupyter-hpcdl wheel (with its JupyterLab extension)"
-  rm -rf "$cache/dist"
+  rm -rf "$cache/dist" "$cache/dist.partial"
   YARN_CACHE_FOLDER=$downloads/yarn YARN_ENABLE_IMMUTABLE_INSTALLS=true \
     "${pip[@]}" wheel --no-deps -w "$cache/dist.partial" "$repo"
   mv "$cache/dist.partial" "$cache/dist"
@@ -70,7 +70,11 @@ if [[ -z $wheel || $(cat "$cache/dist/.hpcdl-src" 2>/dev/null) != "$src_stamp" ]
 fi
 
 # 3. The environment: the wheel with its extras (dependencies resolved once per stack), or the wheel alone.
-deps_stamp=$( (echo "$stack_stamp $hvd_dir"; unzip -p "$wheel" '*.dist-info/METADATA' | grep '^Requires-Dist') | sha256sum | cut -c1-16)
+requires=$("$venv/bin/python" -c 'import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+print("\n".join(line for line in z.read(meta).decode().splitlines() if line.startswith("Requires-Dist")))' "$wheel")
+deps_stamp=$(echo "$stack_stamp $hvd_dir $requires" | sha256sum | cut -c1-16)
 installed=$(cat "$venv/.hpcdl-wheel" 2>/dev/null || true)
 if [[ $(cat "$venv/.hpcdl-deps" 2>/dev/null) != "$deps_stamp" ]]; then
   log "jupyter-hpcdl and its dependencies into $venv"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import socket
 import time
 
@@ -42,7 +41,6 @@ def join(env: dict) -> dict:
     import horovod.tensorflow.keras as hvd
 
     hvd.init()
-    signal.signal(signal.SIGUSR1, _walltime_warning)  # Slurm's --signal=USR1@margin (default action: exit)
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
@@ -53,26 +51,26 @@ def join(env: dict) -> dict:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-def _walltime_warning(signum, frame) -> None:
-    """The batch system says the job ends soon: stop at the next batch the ranks agree on (the session
-    checkpoints)."""
-    _STATE["walltime_signal"] = True
-    stop_file = _STATE.get("stop_file")
-    if stop_file:
-        open(stop_file, "a").close()
-
-
 def build(model_fn, data_fn, loss, metrics, lr: float, batch_size: int) -> dict:
     """Build the user's model and this rank's data shard; compile with Horovod's averaging optimizer."""
     import tensorflow as tf
 
     hvd = _STATE["hvd"]
-    tf.keras.utils.set_random_seed(1234)
-    model = model_fn()
-    x, y = data_fn(hvd.rank(), hvd.size())
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=lr))
-    model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics), experimental_run_tf_function=False)
-    steps = agreed_steps(len(x), batch_size)
+    failure, mine = None, 0
+    try:
+        tf.keras.utils.set_random_seed(1234)
+        model = model_fn()
+        x, y = data_fn(hvd.rank(), hvd.size())
+        optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=lr))
+        model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics), experimental_run_tf_function=False)
+        mine = steps_per_epoch(len(x), batch_size)
+    except Exception as e:  # noqa: BLE001 - re-raised below, after the collective every rank must join
+        failure = e
+    steps, others_failed = agreed_steps(mine, failure is not None)
+    if failure is not None:
+        raise failure
+    if others_failed:
+        raise RuntimeError("another rank could not build its model or data (its own error is reported too)")
     _STATE.update(model=model, x=x, y=y, batch_size=batch_size, steps=steps, broadcast_done=False, epochs_done=0)
     return {"rank": hvd.rank(), "samples": len(x), "steps_per_epoch": steps}
 
@@ -84,15 +82,18 @@ def steps_per_epoch(samples: int, batch_size: int) -> int:
     return -(-samples // batch_size)
 
 
-def agreed_steps(samples: int, batch_size: int) -> int:
-    """The steps of every epoch, the same on every rank: the most any rank needs for one pass over its shard.
+def agreed_steps(mine: int, failed: bool) -> tuple[int, bool]:
+    """The steps of every epoch, the same on every rank: the most any rank needs for one pass over its shard
+    (``mine`` is this rank's); and whether any rank failed to build (each rank joins this one collective, so one
+    rank's error never leaves the others waiting in it).
     Uneven shards would otherwise deadlock (a rank with one batch fewer leaves the epoch while its peers wait in
-    the next gradient allreduce); ranks with smaller shards wrap around, so every sample is used every epoch."""
+    the next gradient allreduce); ranks with smaller shards wrap around (no sample is dropped: each shard is read
+    pass after pass)."""
     import horovod.tensorflow as hvd_tf
     import tensorflow as tf
 
-    mine = steps_per_epoch(samples, batch_size)
-    return int(hvd_tf.allreduce(tf.constant(float(mine)), op=hvd_tf.Max, name="hpcdl.steps"))
+    agreed = hvd_tf.allreduce(tf.constant([float(mine), float(failed)]), op=hvd_tf.Max, name="hpcdl.steps").numpy()
+    return int(agreed[0]), bool(agreed[1])
 
 
 def _dataset(x, y, batch_size: int):
@@ -167,9 +168,6 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
     """Train ``epochs`` more epochs; return this rank's history, whether it was stopped, and a weights digest."""
     hvd = _STATE["hvd"]
     model = _STATE["model"]
-    _STATE["stop_file"] = stop_file
-    if _STATE.get("walltime_signal"):  # the warning came between fits: stop at once
-        open(stop_file, "a").close()
     callbacks = _callbacks(stop_file, publish_every, check_every, min_interval)
     if not _STATE["broadcast_done"]:
         callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
@@ -181,8 +179,7 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
     except TrainingStopped as e:
         history, stopped = {}, str(e)
     return {"rank": hvd.rank(), "history": {k: [float(v) for v in vs] for k, vs in history.items()},
-            "stopped": stopped, "epochs_done": _STATE["epochs_done"], "weights": weights_digest(),
-            "walltime_signal": bool(_STATE.get("walltime_signal"))}
+            "stopped": stopped, "epochs_done": _STATE["epochs_done"], "weights": weights_digest()}
 
 
 def shard_size() -> dict:

@@ -1,8 +1,11 @@
 """A session's reaper: a small process in its own session that outlives the kernel. If the kernel dies (killed,
 crashed, restarted) before it closed its training session, the reaper ends what the session started: the engines
 (through the allocation's owner where it started them), the ipyparallel controller and its launchers (a batch job of
-the ranks included), leftover local engine processes, and the session's private directory. When the session closes
-normally it stops the reaper first.
+the ranks included), and the session's private directory.
+
+The kernel holds the write end of a pipe that is the reaper's standard input: its end of file (the kernel gone) or
+the kernel's pid gone means reap; the word "closed" (the session closed normally) means exit. Signals do not stop
+it: a SIGTERM to the kernel's whole process tree (its server stopping) is exactly when it must still do its work.
 
     python -m jupyter_hpcdl.training.reaper --kernel-pid PID --kernel-started T --cluster-file F [...]
 """
@@ -10,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 
 import psutil
 
@@ -47,13 +50,6 @@ def reap(args: argparse.Namespace) -> None:
 
         _with_deadline(lambda: ipp.Cluster.from_file(args.cluster_file).stop_cluster_sync(), 60,
                        "stopping the controller and engines")
-    for pid in args.pid:
-        try:
-            p = psutil.Process(pid)
-            if p.uids().real == os.getuid():
-                p.kill()  # a stopped (SIGSTOP) engine gets no other signal
-        except psutil.Error:
-            pass
     if args.session_dir:
         shutil.rmtree(args.session_dir, ignore_errors=True)
 
@@ -65,38 +61,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster-file")
     p.add_argument("--owner-socket")
     p.add_argument("--session-dir")
-    p.add_argument("--pid", type=int, action="append", default=[], help="a local engine process to kill")
     p.add_argument("--interval", type=float, default=1.0)
     args = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the session closed normally
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    while kernel_alive(args.kernel_pid, args.kernel_started):
-        time.sleep(args.interval)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    said = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], args.interval)
+        if ready:
+            chunk = os.read(0, 64)
+            if not chunk:
+                break  # end of file: the kernel is gone
+            said += chunk
+            if b"closed" in said:
+                return 0
+        elif not kernel_alive(args.kernel_pid, args.kernel_started):
+            break  # the kernel is gone (a child it forked may still hold the pipe)
     reap(args)
     return 0
 
 
-def start_reaper(cluster_file: str | None, owner_socket: str | None, session_dir: str,
-                 pids: list[int]) -> subprocess.Popen:
+def start_reaper(cluster_file: str | None, owner_socket: str | None, session_dir: str) -> subprocess.Popen:
     """Watch this process (the kernel); returns the reaper, which :func:`stop_reaper` ends."""
     me = psutil.Process()
     argv = [sys.executable, "-m", "jupyter_hpcdl.training.reaper", f"--kernel-pid={me.pid}",
-            f"--kernel-started={me.create_time()}", f"--session-dir={session_dir}", *(f"--pid={p}" for p in pids)]
+            f"--kernel-started={me.create_time()}", f"--session-dir={session_dir}"]
     if cluster_file:
         argv.append(f"--cluster-file={cluster_file}")
     if owner_socket:
         argv.append(f"--owner-socket={owner_socket}")
-    return subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    # stdin=PIPE: the write end stays in this process alone (not inherited by what it starts later)
+    return subprocess.Popen(argv, start_new_session=True, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, close_fds=True)
 
 
 def stop_reaper(proc: subprocess.Popen | None, timeout: float = 5) -> None:
+    """The session closed normally: tell the reaper, which exits without touching anything."""
     if proc is None or proc.poll() is not None:
         return
-    proc.terminate()
     try:
+        proc.stdin.write(b"closed\n")
+        proc.stdin.close()
         proc.wait(timeout)
-    except subprocess.TimeoutExpired:
+    except (OSError, subprocess.TimeoutExpired):
         proc.kill()
         proc.wait(timeout)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import ipyparallel as ipp
 
 from ..allocation import SOCKET_ENV, request
-from ..newjob import NewAllocation, engines_job_template
+from ..newjob import NewAllocation, engines_job_template, walltime_flag
 from ..world import gloo_env, hosts_from_tasks, iface_for, mpi_env, plan_slots
 from . import rank as rank_side
 from .metrics import MetricsTable, rank_rows, straggler_ranks
@@ -81,8 +81,8 @@ class TrainingSession:
         error names the ranks and what they were doing.
 
         In a batch job (the ranks' own with ``where="new"``, the kernel's with "allocation"), a fit stops
-        ``walltime_margin`` seconds before the walltime ends (the scheduler's time left, and Slurm's USR1 warning
-        to the ranks of jobs it writes), checkpoints into ``checkpoint_dir`` and says so;
+        ``walltime_margin`` seconds before the walltime ends (the scheduler's time left, and Slurm's warning to the
+        batch shell of the ranks' jobs it writes), checkpoints into ``checkpoint_dir`` and says so;
         :meth:`continue_in_new_allocation` then goes on in a new job from that checkpoint."""
         if where not in ("auto", "local", "allocation", "new"):
             raise ValueError("where must be 'auto', 'local', 'allocation' or 'new'")
@@ -131,7 +131,6 @@ class TrainingSession:
         try:
             engines, hosts, addr = {"local": self._start_local, "allocation": self._start_in_allocation,
                                     "new": self._start_in_new_allocation}[self.mode]()
-            self._watch()
             envs = self._gloo_envs(hosts, addr) if self.world_kind == "gloo" else [mpi_env()] * len(engines)
             # every engine joins at once (hvd.init waits for all ranks)
             results = [self._client[e].apply_async(rank_side.join, {**self.env, **env})
@@ -156,7 +155,7 @@ class TrainingSession:
         """A reaper that ends the ranks, the controller and a job of the ranks if this kernel dies unclosed."""
         cluster_file = getattr(self._cluster, "cluster_file", None) if self._cluster is not None else None
         self._reaper = start_reaper(cluster_file, self.owner_socket if self.mode == "allocation" else None,
-                                    self._dir, [])
+                                    self._dir)
 
     def _gloo_envs(self, hosts: list[tuple[str, int]], addr: str) -> list[dict]:
         """Start the session's rendezvous for this world; each rank's Gloo environment, in rank order."""
@@ -180,7 +179,10 @@ class TrainingSession:
         if self.world_kind == "mpi":
             kwargs["engines"] = "mpi"
         self._cluster = ipp.Cluster(n=self.ranks, log_level=40, engine_timeout=self.start_timeout, **kwargs)
-        self._client = self._cluster.start_and_connect_sync()
+        self._cluster.start_controller_sync()
+        self._watch()  # from here on a dying kernel takes the controller and engines with it
+        self._cluster.start_engines_sync()
+        self._client = self._cluster.connect_client_sync()
         self._client.wait_for_engines(self.ranks, timeout=self.start_timeout)
         return sorted(self._client.ids)[: self.ranks], [(socket.gethostname(), self.ranks)], "127.0.0.1"
 
@@ -192,6 +194,7 @@ class TrainingSession:
         addr = self.controller_ip or socket.gethostbyname(socket.gethostname())
         self._cluster = ipp.Cluster(n=0, controller_ip=addr, engines="local", log_level=40)
         self._cluster.start_controller_sync()
+        self._watch()
         connection = os.path.join(self._cluster.profile_dir, "security",
                                   f"ipcontroller-{self._cluster.cluster_id}-engine.json")
         gpus = 1 if os.environ.get("CUDA_VISIBLE_DEVICES") else 0  # each rank sees only its own GPU
@@ -228,7 +231,10 @@ class TrainingSession:
             raise RuntimeError(f"the IPython profile directory {self._cluster.profile_dir!r} has characters a "
                                "batch script cannot carry safely: use a profile path of letters, digits, . _ - /")
         try:
-            self._client = self._cluster.start_and_connect_sync()
+            self._cluster.start_controller_sync()
+            self._watch()  # before the submission: a kernel that dies in the queue wait leaves no job behind
+            self._cluster.start_engines_sync()
+            self._client = self._cluster.connect_client_sync()
         except BaseException as e:
             for key, engine_set in list(self._cluster.engines.items()):
                 if not getattr(engine_set, "job_id", None):  # never submitted: nothing to cancel
@@ -250,7 +256,8 @@ class TrainingSession:
         """Wait for the engines srun started; order them by Slurm task (the ranks) and say where they run."""
         self._client.wait_for_engines(self.ranks, timeout=self.start_timeout)
         engines = sorted(self._client.ids)[: self.ranks]
-        tasks = self._client[engines].apply_sync(_slurm_task)
+        tasks = self._get(self._client[engines].apply_async(_slurm_task), "finding the ranks' tasks",
+                          self.start_timeout)
         by_rank = sorted(zip(tasks, engines))
         return [e for _, e in by_rank], hosts_from_tasks(tasks), addr
 
@@ -417,16 +424,24 @@ class TrainingSession:
         self._report("training")
         ar = self._view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every, stop_check_every,
                                     publish_interval)
-        progress = time.monotonic()
+        progress = measured = time.monotonic()
+        step = 0.0  # the slowest rank's latest step time: slow steps stretch the deadlines below
         while not ar.ready():
             if self._collect(ar, on_metrics):
                 progress = time.monotonic()
+                if progress - measured > 2.0:
+                    measured, step = progress, max(self.metrics_table.latest_step_times().values(), default=0.0)
             self._raise_if_dead("fit")  # the others wait in a collective that will never complete
             now = time.monotonic()
-            if self._stop_asked is not None and now - self._stop_asked > self.stop_grace and not ar.ready():
-                self._end_stalled("Stop", now - self._stop_asked, "stop_grace")
-            if now - progress > self.stall_timeout and not ar.ready():
-                self._end_stalled("fit", now - progress, "stall_timeout")
+            grace = max(self.stop_grace, 2 * stop_check_every * step)  # the ranks look every stop_check_every batches
+            if self._stop_asked is not None and now - self._stop_asked > grace and not ar.ready():
+                self._end_stalled("Stop", now - self._stop_asked, f"stop_grace, {grace:.0f} s at this step time")
+            stall = max(self.stall_timeout, 3 * step)
+            if now - progress > stall and not ar.ready():
+                self._end_stalled("fit", now - progress, f"stall_timeout, {stall:.0f} s at this step time")
+            if walltime_stop is None and (warned := self._walltime_warned()):
+                walltime_stop = warned
+                self.stop_training()
             if walltime_stop is None and walltime.due():
                 walltime_stop = f"the scheduler says {walltime.left:.0f} s of walltime are left"
                 self.stop_training()
@@ -446,8 +461,8 @@ class TrainingSession:
             raise WorldDiverged(f"ranks hold different weights after training ({digests}): gradients were not averaged")
         self.epochs_done = results[0]["epochs_done"]
         stopped = results[0]["stopped"]
-        if stopped and (walltime_stop or any(r.get("walltime_signal") for r in results)):
-            stopped = self._checkpoint_for_walltime(walltime_stop or "the batch system's warning signal came")
+        if stopped and walltime_stop:
+            stopped = self._checkpoint_for_walltime(walltime_stop)
         else:
             self._report("stopped" if stopped else "idle")
         return FitResult(results[0]["epochs_done"], {r["rank"]: r["history"] for r in results},
@@ -464,6 +479,14 @@ class TrainingSession:
         print(message, file=sys.stderr, flush=True)
         self._report("walltime", message=message)
         return message
+
+    def _walltime_warned(self) -> str | None:
+        """Whether the ranks' batch script has left Slurm's warning (where="new")."""
+        if getattr(self, "mode", None) != "new" or self._cluster is None:
+            return None
+        if os.path.exists(walltime_flag(self._cluster.profile_dir, self._cluster.cluster_id)):
+            return "Slurm's warning signal came"
+        return None
 
     def time_left(self) -> float | None:
         """Seconds of walltime the ranks have left, as the batch system says; None without a limit or a job."""

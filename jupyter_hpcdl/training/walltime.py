@@ -1,8 +1,8 @@
 """Walltime-aware training: how long the ranks' batch job has left (the scheduler's word), and when to stop.
 
-The session asks the scheduler every ``poll`` seconds while a fit runs; the ranks also take Slurm's own warning
-(``--signal=USR1@margin`` in the jobs we write), which asks them to stop at the next agreed batch. Either way the
-session checkpoints and says so before the job ends."""
+The session asks the scheduler every ``poll`` seconds while a fit runs; the ranks' own jobs also take Slurm's
+warning (``--signal=B:USR1@margin``, see :func:`jupyter_hpcdl.newjob.engines_job_template`). Either way the session
+stops the ranks at the next agreed batch, checkpoints and says so before the job ends."""
 from __future__ import annotations
 
 import subprocess
@@ -13,7 +13,6 @@ from typing import Callable
 from ..allocation import parse_time_left
 
 DEFAULT_MARGIN = 300  # seconds before the end: time to stop at a batch and write a checkpoint
-WALLTIME_SIGNAL = "USR1"
 
 
 def squeue_time_left(job_id: str, timeout: float = 15) -> int | None:
