@@ -286,7 +286,8 @@ def test_training_stops_and_checkpoints_before_the_walltime_then_continues_in_a_
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert 150 < out["left_at_start"] <= 240, out
-    assert out["stopped"].startswith("Stopped before the walltime ends (the scheduler says"), out
+    # the clock or Slurm's own warning, whichever comes first (Slurm may send it up to a minute early)
+    assert re.match(r"Stopped before the walltime ends \((the scheduler says|Slurm's warning)", out["stopped"]), out
     assert out["checkpoint"] in out["stopped"] and out["checkpoint_exists"]
     assert "continue_in_new_allocation" in out["stopped"] and "Stopped before the walltime ends" in r.stderr
     assert out["left_at_stop"] is not None and out["left_at_stop"] > 0, "the job ended before the checkpoint"

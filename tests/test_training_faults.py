@@ -307,3 +307,21 @@ def test_one_rank_failing_to_build_fails_setup_at_once_on_every_rank():
         assert "rank 0: RuntimeError: another rank could not build" in message, message
         s.setup(digits_model, digits_shard, loss=digits_loss, lr=0.05, batch_size=16)  # the world is still good
         assert s.fit(epochs=1).epochs_done == 1
+
+
+@pytest.mark.timeout(240)
+def test_the_clock_stops_a_fit_before_the_walltime_and_checkpoints(tmp_path, capsys):
+    """The scheduler's time left (here: 100 s, against a margin of 150 s) stops the ranks at an agreed batch; the
+    session checkpoints and says so, and the checkpoint resumes in a new world."""
+    with TrainingSession(ranks=2, walltime_margin=150, checkpoint_dir=str(tmp_path)) as s:
+        s.setup(digits_model, digits_shard, loss=digits_loss, lr=0.05, batch_size=16)
+        s.fit(epochs=1)
+        s.time_left = lambda: 100.0  # what squeue would say near the end of the job
+        result = s.fit(epochs=100000)
+        assert result.stopped.startswith("Stopped before the walltime ends (the scheduler says 100 s"), result.stopped
+        assert s.walltime_checkpoint and os.path.exists(s.walltime_checkpoint)
+        assert s.walltime_checkpoint in result.stopped and "continue_in_new_allocation" in capsys.readouterr().err
+        assert result.epochs_done >= 1
+        s.time_left = lambda: None
+        restored = s.recover(s.walltime_checkpoint)
+        assert {r["epochs_done"] for r in restored} == {result.epochs_done}

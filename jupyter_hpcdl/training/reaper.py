@@ -4,7 +4,8 @@ crashed, restarted) before it closed its training session, the reaper ends what 
 the ranks included), and the session's private directory.
 
 The kernel holds the write end of a pipe that is the reaper's standard input: its end of file (the kernel gone) or
-the kernel's pid gone means reap; the word "closed" (the session closed normally) means exit. Signals do not stop
+the kernel's pid gone means reap; the word "closed" (the session closed normally) means exit, "reap" (the session
+could not stop everything itself) means reap now. Signals do not stop
 it: a SIGTERM to the kernel's whole process tree (its server stopping) is exactly when it must still do its work.
 
     python -m jupyter_hpcdl.training.reaper --kernel-pid PID --kernel-started T --cluster-file F [...]
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             said += chunk
             if b"closed" in said:
                 return 0
+            if b"reap" in said:
+                break  # the session could not stop everything itself
         elif not kernel_alive(args.kernel_pid, args.kernel_started):
             break  # the kernel is gone (a child it forked may still hold the pipe)
     reap(args)
@@ -95,14 +98,16 @@ def start_reaper(cluster_file: str | None, owner_socket: str | None, session_dir
                             stderr=subprocess.DEVNULL, close_fds=True)
 
 
-def stop_reaper(proc: subprocess.Popen | None, timeout: float = 5) -> None:
-    """The session closed normally: tell the reaper, which exits without touching anything."""
+def stop_reaper(proc: subprocess.Popen | None, reap: bool = False, timeout: float = 5) -> None:
+    """The session closed: tell the reaper, which exits without touching anything, or, with ``reap`` (stopping
+    failed somewhere), ends what is left on its own and then exits (this process does not wait for that)."""
     if proc is None or proc.poll() is not None:
         return
     try:
-        proc.stdin.write(b"closed\n")
+        proc.stdin.write(b"reap\n" if reap else b"closed\n")
         proc.stdin.close()
-        proc.wait(timeout)
+        if not reap:
+            proc.wait(timeout)
     except (OSError, subprocess.TimeoutExpired):
         proc.kill()
         proc.wait(timeout)

@@ -280,6 +280,7 @@ class TrainingSession:
         """End the current world: leave Horovod, stop the engines (and ask the allocation's owner to), the
         controller (and with it a batch job of the ranks) and the rendezvous — each even if another step fails.
         ``force`` (a rank hangs): no goodbye, and this machine's engines are killed at once."""
+        stopped = False
         try:
             if self._client is not None:
                 if force:
@@ -299,12 +300,14 @@ class TrainingSession:
                         pass
                 if self._cluster is not None:
                     self._cluster.stop_cluster_sync()
+                stopped = True
             finally:
                 try:
                     if self._rendezvous is not None:
                         self._rendezvous.stop()
                 finally:
-                    stop_reaper(self._reaper)  # last: if this kernel dies before here, the reaper ends the rest
+                    # last: if this kernel dies before here, the reaper ends the rest; if stopping failed, it tries
+                    stop_reaper(self._reaper, reap=not stopped)
                     self._cluster = self._client = self._rendezvous = self._reaper = None
                     self.world, self._engine_of = [], {}
 
