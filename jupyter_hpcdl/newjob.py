@@ -25,12 +25,10 @@ def _whole(kind: str, value, low: int, high: int) -> int:
     return value
 
 
-def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False, warn_before: int | None = None) -> str:
+def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False) -> str:
     """The batch script as an ipyparallel batch template: ``{n}``, ``{cluster_id}``, ``{profile_dir}`` and
     ``{program_and_args}`` (the engine in its container) are filled in by the launcher. ``mpi``: srun gives the
-    ranks their MPI world (PMIx). ``warn_before``: that many seconds before the walltime ends Slurm signals the
-    batch shell (USR1), which leaves :func:`walltime_flag` for the session; it then stops the ranks at the next
-    batch they agree on and checkpoints. Only the shell is signalled: the ranks' steps never see it."""
+    ranks their MPI world (PMIx)."""
     nodes = _whole("nodes", alloc.nodes, 1, 4096)
     _whole("ranks", ranks, nodes, 65536)
     gpus = _whole("gpus_per_rank", alloc.gpus_per_rank, 0, 16)
@@ -44,23 +42,8 @@ def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False, wa
         lines.append(f"#SBATCH --account={check_name('account', alloc.account)}")
     if gpus:
         lines.append(f"#SBATCH --gpus-per-task={gpus}")
-    if warn_before is not None:
-        lines.append(f"#SBATCH --signal=B:USR1@{_whole('warn_before', warn_before, 1, 65535)}")
     # the engines find the controller by these arguments (not only by exported variables: the job may be
     # submitted by the allocation's owner on the kernel's behalf, from another environment)
-    srun = ("srun --kill-on-bad-exit=0 " + ("--mpi=pmix " if mpi else "")
-            + "{program_and_args} --profile-dir={profile_dir} --cluster-id={cluster_id}")
-    if warn_before is None:
-        lines.append(srun)
-    else:  # in the background, so that the shell takes the signal while srun runs (a foreground child defers it)
-        lines += [f"trap 'touch {WALLTIME_FLAG}' USR1", f"{srun} &", "step=$!",
-                  'while kill -0 "$step" 2>/dev/null; do wait "$step"; done', 'wait "$step"']
+    lines.append("srun --kill-on-bad-exit=0 " + ("--mpi=pmix " if mpi else "")
+                 + "{program_and_args} --profile-dir={profile_dir} --cluster-id={cluster_id}")
     return "\n".join(lines) + "\n"
-
-
-WALLTIME_FLAG = "{profile_dir}/log/hpcdl-walltime-{cluster_id}"
-
-
-def walltime_flag(profile_dir: str, cluster_id: str) -> str:
-    """The file the ranks' batch script leaves when Slurm warns that the walltime ends soon."""
-    return WALLTIME_FLAG.format(profile_dir=profile_dir, cluster_id=cluster_id)

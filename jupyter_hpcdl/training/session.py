@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import ipyparallel as ipp
 
 from ..allocation import SOCKET_ENV, request
-from ..newjob import NewAllocation, engines_job_template, walltime_flag
+from ..newjob import NewAllocation, engines_job_template
 from ..world import gloo_env, hosts_from_tasks, iface_for, mpi_env, plan_slots
 from . import rank as rank_side
 from .metrics import MetricsTable, rank_rows, straggler_ranks
@@ -81,8 +81,8 @@ class TrainingSession:
         error names the ranks and what they were doing.
 
         In a batch job (the ranks' own with ``where="new"``, the kernel's with "allocation"), a fit stops
-        ``walltime_margin`` seconds before the walltime ends (the scheduler's time left, and Slurm's warning to the
-        batch shell of the ranks' jobs it writes), checkpoints into ``checkpoint_dir`` and says so;
+        ``walltime_margin`` seconds before the walltime ends (the scheduler's time left), checkpoints into
+        ``checkpoint_dir`` and says so;
         :meth:`continue_in_new_allocation` then goes on in a new job from that checkpoint."""
         if where not in ("auto", "local", "allocation", "new"):
             raise ValueError("where must be 'auto', 'local', 'allocation' or 'new'")
@@ -91,7 +91,7 @@ class TrainingSession:
         self.world_kind = world
         self.new_allocation = new_allocation or NewAllocation()
         if where == "new":
-            engines_job_template(self.new_allocation, ranks, warn_before=int(walltime_margin))  # fail here, not at start
+            engines_job_template(self.new_allocation, ranks)  # bad values fail here, not at start
         self.ranks = ranks
         self.where = where
         self.image = image
@@ -221,8 +221,7 @@ class TrainingSession:
         addr = self.controller_ip or socket.gethostbyname(socket.gethostname())
         config = Config({"SlurmEngineSetLauncher": {
             **submit,
-            "batch_template": engines_job_template(self.new_allocation, self.ranks, self.world_kind == "mpi",
-                                                   warn_before=int(self.walltime_margin)),
+            "batch_template": engines_job_template(self.new_allocation, self.ranks, self.world_kind == "mpi"),
             "batch_file_name": os.path.join(self._dir, "engines.sbatch"),  # not the kernel's working directory
             "engine_cmd": self.engine_cmd or container_engine_cmd(self.image, self.world_kind == "mpi", python)}})
         self._cluster = ipp.Cluster(n=self.ranks, controller_ip=addr, engines="slurm", config=config, log_level=40,
@@ -442,9 +441,6 @@ class TrainingSession:
             stall = max(self.stall_timeout, 3 * step)
             if now - progress > stall and not ar.ready():
                 self._end_stalled("fit", now - progress, f"stall_timeout, {stall:.0f} s at this step time")
-            if walltime_stop is None and (warned := self._walltime_warned()):
-                walltime_stop = warned
-                self.stop_training()
             if walltime_stop is None and walltime.due():
                 walltime_stop = f"the scheduler says {walltime.left:.0f} s of walltime are left"
                 self.stop_training()
@@ -483,14 +479,6 @@ class TrainingSession:
         self._report("walltime", message=message)
         return message
 
-    def _walltime_warned(self) -> str | None:
-        """Whether the ranks' batch script has left Slurm's warning (where="new")."""
-        if getattr(self, "mode", None) != "new" or self._cluster is None:
-            return None
-        if os.path.exists(walltime_flag(self._cluster.profile_dir, self._cluster.cluster_id)):
-            return "Slurm's warning signal came"
-        return None
-
     def time_left(self) -> float | None:
         """Seconds of walltime the ranks have left, as the batch system says; None without a limit or a job."""
         try:
@@ -517,7 +505,7 @@ class TrainingSession:
             raise RuntimeError("no checkpoint to continue from: give checkpoint=PATH (or fit until the walltime "
                                "stops it, which writes one)")
         if new_allocation is not None:
-            engines_job_template(new_allocation, ranks or self.ranks, warn_before=int(self.walltime_margin))
+            engines_job_template(new_allocation, ranks or self.ranks)
             self.new_allocation = new_allocation
         self.where = "new"
         return self.recover(checkpoint, ranks)

@@ -1,8 +1,7 @@
 """Walltime-aware training: how long the ranks' batch job has left (the scheduler's word), and when to stop.
 
-The session asks the scheduler every ``poll`` seconds while a fit runs; the ranks' own jobs also take Slurm's
-warning (``--signal=B:USR1@margin``, see :func:`jupyter_hpcdl.newjob.engines_job_template`). Either way the session
-stops the ranks at the next agreed batch, checkpoints and says so before the job ends."""
+The session asks the scheduler every ``poll`` seconds while a fit runs and, ``margin`` seconds before the end, stops
+the ranks at the next agreed batch, checkpoints and says so. (Slurm's ``--signal`` is not used: see docs/training.md.)"""
 from __future__ import annotations
 
 import subprocess
