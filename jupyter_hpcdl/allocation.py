@@ -67,6 +67,16 @@ def parse_time_left(text: str) -> int | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+def squeue_time_left(job_id: str, timeout: float = 15) -> int | None:
+    """Seconds left for ``job_id`` as squeue says (``%L``), or None (no limit, or the job is not known)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True,
+                             timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_time_left(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
 def session_report(body: dict) -> dict:
     """A kernel's report of its training session (its id, state and ranks), checked field by field: only plain
     values of the known fields are kept (a number that is not finite becomes None), so what the panel shows cannot
@@ -181,9 +191,7 @@ class AllocationOwner:
         """Walltime left of a job this owner submitted (a kernel's new allocation), as squeue says."""
         if job_id not in self._jobs:
             raise ValueError(f"job {job_id!r} was not submitted through this allocation's owner")
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True, timeout=30)
-        left = out.stdout.strip() if out.returncode == 0 else ""
-        return {"job_id": job_id, "time_left": left, "time_left_s": parse_time_left(left) if left else None}
+        return {"job_id": job_id, "time_left_s": squeue_time_left(job_id)}
 
     def cancel_job(self, job_id: str) -> dict:
         if job_id not in self._jobs:

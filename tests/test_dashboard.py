@@ -71,6 +71,8 @@ def test_owner_keeps_each_kernels_report_and_refuses_bad_ones():
     assert owner.current_session(now=time.time() + 90)["session"] == "walltime"
     with pytest.raises(ValueError, match="message must be a string"):
         session_report({"id": "c", "session": "idle", "message": {"html": "<b>"}})
+    status, reply = handle(owner, "GET", "/jobs/12345", {})  # the time left of a job it did not submit: refused
+    assert status == 400 and "was not submitted through this allocation's owner" in reply["message"]
     outside = handle(owner, "GET", "/allocation", {})[1]
     assert outside["in_job"] is False and "Not in a batch job" in outside["message"]
 

@@ -4,24 +4,15 @@ The session asks the scheduler every ``poll`` seconds while a fit runs and, ``ma
 the ranks at the next agreed batch, checkpoints and says so. (Slurm's ``--signal`` is not used: see docs/training.md.)"""
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..allocation import parse_time_left
+from ..allocation import squeue_time_left
+
+__all__ = ["DEFAULT_MARGIN", "WalltimeWatch", "squeue_time_left"]
 
 DEFAULT_MARGIN = 300  # seconds before the end: time to stop at a batch and write a checkpoint
-
-
-def squeue_time_left(job_id: str, timeout: float = 15) -> int | None:
-    """Seconds left for ``job_id`` as squeue says (``%L``), or None (no limit, or the job is not known)."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True,
-                             timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_time_left(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
 
 
 @dataclass
