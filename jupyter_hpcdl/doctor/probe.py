@@ -10,11 +10,13 @@ import sys
 import urllib.error
 import urllib.request
 from dataclasses import asdict, replace
+from pathlib import Path
 
 from jupyter_hpcdl.containers.errors import ContainerError
 from jupyter_hpcdl.containers.site import load_site
 from jupyter_hpcdl.containers.spec import RunSpec, udocker_base
 from jupyter_hpcdl.containers.udocker import Udocker, host_has_nvidia
+from jupyter_hpcdl.training.checkpoint import atomic_write
 
 from .facts import ImageFacts, NodeFacts, ProbeRequest, request_from_json
 
@@ -110,14 +112,6 @@ def probe(req: ProbeRequest) -> NodeFacts:
     return replace(facts, images=images)
 
 
-def write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.partial"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -132,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     facts = probe(req)
     try:
-        write_atomically(req.result, facts.to_json())
+        atomic_write(req.result, lambda tmp: Path(tmp).write_text(facts.to_json()))
     except OSError as e:
         print(f"hpcdl-doctor probe on {facts.node}: cannot write {req.result} ({e.strerror})", file=sys.stderr)
         print(json.dumps(asdict(facts)))
