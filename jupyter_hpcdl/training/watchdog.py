@@ -3,7 +3,7 @@ Pure, except :func:`local_process_states`, which reads the ranks' processes on t
 from __future__ import annotations
 
 import socket
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import psutil
 
@@ -11,17 +11,30 @@ STATES = {psutil.STATUS_STOPPED: "stopped (SIGSTOP?)", psutil.STATUS_DISK_SLEEP:
           psutil.STATUS_ZOMBIE: "exited", psutil.STATUS_TRACING_STOP: "stopped by a tracer"}
 
 
-def local_process_states(world: Iterable[Mapping]) -> dict[int, str]:
-    """rank → what its process is doing, for the ranks whose engine runs on this machine."""
-    here, states = socket.gethostname(), {}
+def _local_processes(world: Iterable[Mapping]) -> Iterator[tuple[int, psutil.Process | None]]:
+    """(rank, its engine process, or None if gone) for the ranks whose engine runs on this machine."""
+    here = socket.gethostname()
     for w in world:
         if w.get("host") != here or not w.get("pid"):
             continue
         try:
-            status = psutil.Process(int(w["pid"])).status()
-            states[int(w["rank"])] = STATES.get(status, status)
+            process = psutil.Process(int(w["pid"]))
         except psutil.NoSuchProcess:
-            states[int(w["rank"])] = "gone"
+            process = None
+        except psutil.Error:
+            continue
+        yield int(w["rank"]), process
+
+
+def local_process_states(world: Iterable[Mapping]) -> dict[int, str]:
+    """rank → what its process is doing, for the ranks whose engine runs on this machine."""
+    states = {}
+    for rank, p in _local_processes(world):
+        try:
+            status = p.status() if p is not None else None
+            states[rank] = "gone" if status is None else STATES.get(status, status)
+        except psutil.NoSuchProcess:
+            states[rank] = "gone"
         except psutil.Error:
             pass
     return states
@@ -29,15 +42,13 @@ def local_process_states(world: Iterable[Mapping]) -> dict[int, str]:
 
 def kill_local_engines(world: Iterable[Mapping]) -> None:
     """SIGKILL this machine's engine processes of ``world`` (a stopped process takes no other signal)."""
-    here = socket.gethostname()
-    for w in world:
-        if w.get("host") == here and w.get("pid"):
-            try:
-                p = psutil.Process(int(w["pid"]))
-                if p.uids().real == psutil.Process().uids().real:
-                    p.kill()
-            except psutil.Error:
-                pass
+    me = psutil.Process().uids().real
+    for _, p in _local_processes(world):
+        try:
+            if p is not None and p.uids().real == me:
+                p.kill()
+        except psutil.Error:
+            pass
 
 
 def suspects(world: Iterable[Mapping], latest: Mapping[int, Mapping], states: Mapping[int, str]) -> list[int]:
