@@ -5,6 +5,7 @@ arrive from every rank; a killed rank is reported within seconds and a new world
 import inspect
 import os
 import json
+import shutil
 import re
 import subprocess
 
@@ -28,7 +29,7 @@ try:
     # a rank dies (its engine killed on node2): reported within seconds, then a new world goes on from a checkpoint
     import os, signal, threading, time
     from jupyter_hpcdl.training import RankError
-    checkpoint = session.checkpoint(os.path.expanduser("~/hpcdl-test-before-crash.npz"))
+    checkpoint = session.checkpoint(os.path.expanduser("~/hpcdl-test-before-crash"))
     victim = next(w for w in world if w["rank"] == 3)["pid"]
     threading.Timer(3.0, os.kill, (victim, signal.SIGKILL)).start()
     t0 = time.monotonic()
@@ -40,7 +41,7 @@ try:
     reported_after = time.monotonic() - t0 - 3.0
     restored = session.recover(checkpoint)
     after = session.fit(epochs=1)
-    os.unlink(checkpoint)
+    import shutil; shutil.rmtree(checkpoint)
     print(json.dumps({"world": [{k: w[k] for k in ("rank", "size", "node", "cuda_visible_devices")} for w in world],
                       "loss": first.loss + more.loss, "epochs": more.epochs_done,
                       "metric_ranks": sorted(set(int(r) for r in session.metrics["rank"])),
@@ -291,7 +292,7 @@ def test_training_stops_and_checkpoints_before_the_walltime_then_continues_in_a_
     assert out["second_job"] != out["first_job"]
     assert out["after"] == out["epochs"] + 1
     assert all(s in ("COMPLETING", "CANCELLED") for s in out["left_over"][1::2]), out["left_over"]
-    os.unlink(out["checkpoint"])
+    shutil.rmtree(out["checkpoint"])
 
 
 KILLED_KERNEL_CODE = """
@@ -345,3 +346,97 @@ def test_a_killed_kernel_in_the_job_leaves_no_engine_controller_or_step(bed):
         if kernel and isinstance(kernel, dict) and "id" in kernel:
             hub.api("DELETE", f"/user/alice/api/kernels/{kernel['id']}")
         hub.stop("alice")
+
+
+USER_WORK_CODE = '''
+import json, os, shutil
+import numpy as np
+from sklearn.datasets import load_digits
+from jupyter_hpcdl.training import TrainingSession
+
+home = os.path.expanduser("~")
+data_dir, ckpt_dir = os.path.join(home, "hpcdl-test-data"), os.path.join(home, "hpcdl-test-adam")
+script = os.path.join(home, "hpcdl-test-horovod-script.py")
+os.makedirs(data_dir, exist_ok=True)
+x, y = load_digits(return_X_y=True)
+x = (x / 16.0).astype("float32")
+np.savez(os.path.join(data_dir, "train.npz"), x=x[:1500], y=y[:1500])
+np.savez(os.path.join(data_dir, "val.npz"), x=x[1500:], y=y[1500:])
+with open(script, "w") as f:
+    f.write(SCRIPT)
+
+def model():
+    import tensorflow as tf
+    m = tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
+                             tf.keras.layers.Dense(10)])
+    m.compile(optimizer=tf.keras.optimizers.Adam(tf.keras.optimizers.schedules.ExponentialDecay(0.01, 50, 0.9)),
+              loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return m
+
+def pipeline(rank, size):
+    import tensorflow as tf
+    with np.load(os.path.join(data_dir, "train.npz")) as f:
+        xs, ys = f["x"][rank::size], f["y"][rank::size]
+    return tf.data.Dataset.from_tensor_slices((xs, ys)).shuffle(len(xs), seed=rank).batch(32)
+
+def calls():
+    import tensorflow as tf
+    class Count(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            import builtins
+            builtins.__dict__["hpcdl_epochs"] = builtins.__dict__.get("hpcdl_epochs", 0) + 1
+    return [Count()]
+
+def epochs_seen():
+    import builtins
+    return builtins.__dict__.get("hpcdl_epochs", 0)
+
+def iterations():
+    from jupyter_hpcdl.training.rank import _STATE
+    return int(_STATE["model"].optimizer.iterations)
+
+session = TrainingSession(ranks=4, where="allocation")
+try:
+    world = session.start()
+    session.setup(model, pipeline, validation_data=os.path.join(data_dir, "val.npz"),
+                  callbacks=lambda rank, size: calls(), seed=3)
+    first = session.fit(epochs=2)
+    seen = session.run(epochs_seen)
+    session.checkpoint(ckpt_dir)
+    before = session.run(iterations)
+    session.rescale(2, batch_size=64)
+    moved = session.run(iterations)
+    after = session.fit(epochs=1)
+    rows_before = len(session.metrics)
+    ran = session.run_script(script, ["--epochs", "1"], echo=False)
+    print(json.dumps({"world": sorted((w["rank"], w["node"]) for w in world),
+                      "history": first.history, "seen": seen, "before": before, "moved": moved,
+                      "after": after.history[0]["loss"], "epochs": after.epochs_done,
+                      "script_exit": ran.exit_codes, "script_out": ran.stdout[0][-300:],
+                      "script_metric_ranks": sorted(set(int(r) for r in session.metrics["rank"].iloc[rows_before:]))}))
+finally:
+    session.close()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    os.unlink(script)
+'''
+
+
+def test_the_users_model_data_and_script_train_across_two_nodes_in_containers(bed):
+    """Alice's own work in her job (2 nodes, containers): her Adam model and tf.data pipeline over files in her
+    home, validation and a callback, a checkpoint carried into 2 ranks with Adam's step count, then an existing
+    Horovod script run unchanged on the same ranks."""
+    from pathlib import Path
+    script = (Path(__file__).resolve().parent.parent / "examples" / "horovod_keras_digits.py").read_text()
+    code = f"SCRIPT = {script!r}\n" + USER_WORK_CODE
+    result = _result_from_alices_kernel(bed, {"nodes": 2, "gpus_per_node": 2, "walltime": "00:20:00"}, code)
+    assert result["world"] == [[0, "node1"], [1, "node1"], [2, "node2"], [3, "node2"]]
+    history = result["history"]
+    assert history["0"]["val_loss"] == history["3"]["val_loss"], "validation metrics differ between ranks"
+    assert history["0"]["loss"][-1] < history["0"]["loss"][0]
+    assert result["seen"] == {"0": 2, "1": 2, "2": 2, "3": 2}, "the user's callback was not called on every rank"
+    assert set(result["before"].values()) == {2 * 12} and set(result["moved"].values()) == {2 * 12}, \
+        "Adam's step count did not come along into the 2-rank world"
+    assert result["epochs"] == 3 and result["after"][0] < history["0"]["loss"][0]
+    assert result["script_exit"] == {"0": 0, "1": 0} and "final loss" in result["script_out"]
+    assert result["script_metric_ranks"] == [0, 1], "the script's metrics did not stream from its ranks"

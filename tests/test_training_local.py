@@ -10,7 +10,7 @@ import pytest
 from jupyter_hpcdl.training import RankError, TrainingSession
 from jupyter_hpcdl.training.checkpoint import atomic_write
 from jupyter_hpcdl.training.metrics import MetricsTable, straggler_ranks
-from jupyter_hpcdl.training.rank import keras_problem
+from jupyter_hpcdl.training.backend import keras_problem
 
 import workloads
 from workloads import digits_model, digits_shard
@@ -74,18 +74,20 @@ def test_stop_mid_epoch_keeps_the_world_in_step(session):
 
 
 def test_checkpoint_is_atomic_and_resume_restores(session, tmp_path):
-    path = session.checkpoint(str(tmp_path / "digits.npz"))
+    path = session.checkpoint(str(tmp_path / "digits"))
     before = session.resume(path)
     digest = before[0]["weights"]
     session.fit(epochs=1)
     after = session.resume(path)
     assert [r["weights"] for r in after] == [digest, digest]
-    assert [p.name for p in tmp_path.iterdir()] == ["digits.npz"]
+    assert [p.name for p in tmp_path.iterdir()] == ["digits"]
+    written = sorted(p.name for p in (tmp_path / "digits").iterdir())
+    assert written == ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index", "hpcdl.json"], written
 
 
 def test_an_error_on_the_ranks_names_them(session):
     with pytest.raises(RankError, match=r"rank [01]: .*FileNotFoundError"):
-        session.resume("/nonexistent/ckpt.npz")
+        session.resume("/nonexistent/ckpt")
 
 
 def test_atomic_write_leaves_the_old_checkpoint_when_writing_fails(tmp_path):
@@ -120,7 +122,7 @@ def test_a_killed_rank_is_reported_within_seconds_and_training_recovers(session,
     import threading
     import time
 
-    checkpoint = session.checkpoint(str(tmp_path / "before-crash.npz"))
+    checkpoint = session.checkpoint(str(tmp_path / "before-crash"))
     victim = next(w for w in session.world if w["rank"] == 1)["pid"]
     threading.Timer(2.0, os.kill, (victim, signal.SIGKILL)).start()
     t0 = time.monotonic()
@@ -183,7 +185,10 @@ def test_each_rank_streams_its_gpu_memory():
         s.setup(digits_model, digits_shard, loss=logits_loss(), lr=0.1)
         s.fit(epochs=1)
         gpu = s.metrics["gpu_memory_mb"].dropna()
+        util = s.metrics["gpu_util_pct"].dropna()  # NVML, the driver's own figures
+        used = s.metrics["gpu_used_mb"].dropna()
     assert len(gpu) > 0 and gpu.gt(0).all()
+    assert len(util) > 0 and util.between(0, 100).all() and used.gt(0).all()
 
 
 def digits_uneven(rank, size):
@@ -207,3 +212,11 @@ def test_uneven_shards_agree_on_the_steps_and_finish():
         built = s.setup(digits_model, digits_uneven, loss=logits_loss(), lr=0.1, batch_size=32)
         assert {b["steps_per_epoch"] for b in built} == {29}  # 899 and 898 samples: 29 batches each, the last partial
         assert s.fit(epochs=1).epochs_done == 1
+
+
+def test_without_a_gpu_the_rank_reports_no_gpu_figures():
+    """NVML is asked only for a GPU the rank was given; none (or no driver) gives no figures, never an error."""
+    from jupyter_hpcdl.training.gpu import RankGpu
+
+    assert RankGpu(visible="").sample() is None and RankGpu(visible="-1").sample() is None
+    assert RankGpu(visible="0").sample() is None or os.path.exists("/dev/nvidiactl")

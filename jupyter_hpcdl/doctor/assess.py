@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jupyter_hpcdl.training.rank import keras_problem
+from jupyter_hpcdl.training.backend import keras_problem
 
 from .facts import ImageFacts, NodeFacts
 from .report import FAIL, OK, SKIP, WARN, Finding

@@ -1,2 +1,2 @@
 """Interactive distributed training: Horovod ranks as ipyparallel engines, driven from the notebook."""
-from .session import FitResult, RankError, TrainingSession, WorldDiverged  # noqa: F401
+from .session import FitResult, RankError, ScriptFailed, ScriptResult, TrainingSession, WorldDiverged  # noqa: F401

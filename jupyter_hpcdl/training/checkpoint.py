@@ -1,14 +1,25 @@
-"""Checkpoints that are never half-written: the file appears under its name only once it is complete."""
+"""Checkpoints that are never half-written, and that continue the same optimization.
+
+A training checkpoint is a directory that TensorFlow reads as it is: ``tf.train.CheckpointManager`` writes the
+model's and the optimizer's variables (Adam's moments, its step count, so a schedule goes on) together with the
+session's progress (epochs and batches done, the world's size, the data seed), and names the newest complete one
+in the ``checkpoint`` file only once all its files are written. ``hpcdl.json`` beside it says the same for people
+and tools. Rank 0 writes; every rank reads. Load it in plain TensorFlow with
+``tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(tf.train.latest_checkpoint(path))``."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from dataclasses import asdict, dataclass
 from typing import Callable
+
+MANIFEST = "hpcdl.json"
 
 
 def atomic_write(path: str, write: Callable[[str], None]) -> str:
     """Call ``write(tmp_path)`` for a temporary file beside ``path``, flush it to disk, then rename it into place.
-    A failure leaves the previous checkpoint (if any) untouched and no partial file behind."""
+    A failure leaves the previous file (if any) untouched and no partial file behind."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".partial-", suffix=os.path.splitext(path)[1], dir=directory)
@@ -23,3 +34,73 @@ def atomic_write(path: str, write: Callable[[str], None]) -> str:
             os.unlink(tmp)
         raise
     return path
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the training stands: what a checkpoint keeps besides the variables."""
+
+    epochs_done: int
+    batches_done: int
+    world_size: int
+    seed: int
+
+    def start_batch(self, world_size: int, steps_per_epoch: int) -> int:
+        """Where this world's data streams go on: the same batch in the same world; the next epoch's start in a
+        world of another size (its shards are different ones)."""
+        return self.batches_done if world_size == self.world_size else self.epochs_done * steps_per_epoch
+
+
+def check_target(path: str) -> str:
+    """A checkpoint's path (a directory), or a ValueError that says what is in the way."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.isfile(path):
+        raise ValueError(f"{path} is a file: a checkpoint is a directory (TensorFlow's checkpoint files and "
+                         f"{MANIFEST}); give a new name")
+    return path
+
+
+def _tracked(model, progress_var):
+    import tensorflow as tf
+
+    return tf.train.Checkpoint(model=model, optimizer=model.optimizer, progress=progress_var)
+
+
+def save(path: str, model, progress: Progress, keep: int = 2) -> str:
+    """Write ``model`` (with its optimizer) and ``progress`` as the newest checkpoint in ``path``; its prefix."""
+    import tensorflow as tf
+
+    path = check_target(path)
+    values = [progress.epochs_done, progress.batches_done, progress.world_size, progress.seed]
+    manager = tf.train.CheckpointManager(_tracked(model, tf.Variable(values, dtype=tf.int64)), path,
+                                         max_to_keep=keep)
+    prefix = manager.save()
+
+    def manifest(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump({"format": "tf.train.Checkpoint", "latest": os.path.basename(prefix), **asdict(progress)}, f)
+
+    atomic_write(os.path.join(path, MANIFEST), manifest)
+    return prefix
+
+
+def load(path: str, model) -> Progress:
+    """Restore the newest checkpoint in ``path`` into ``model`` and its optimizer (built first, so Adam's moments
+    are restored, not recreated); the progress it recorded."""
+    import tensorflow as tf
+
+    path = os.path.abspath(os.path.expanduser(path))
+    prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else None
+    if prefix is None:
+        raise FileNotFoundError(f"no checkpoint in {path} (a directory written by session.checkpoint())")
+    optimizer = model.optimizer
+    if isinstance(optimizer, tf.keras.optimizers.Optimizer) and not getattr(optimizer, "_built", False):
+        optimizer.build(model.trainable_variables)  # (legacy optimizers restore their slots when they make them)
+    progress_var = tf.Variable([0, 0, 0, 0], dtype=tf.int64)
+    status = _tracked(model, progress_var).restore(prefix)
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as e:
+        raise ValueError(f"the checkpoint {prefix} does not fit this model (another architecture or optimizer?): "
+                         f"{str(e)[:300]}") from None
+    return Progress(*(int(v) for v in progress_var.numpy()))

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import pandas as pd
 
-COLUMNS = ("rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s", "memory_mb", "gpu_memory_mb", "time",
-           "arrived")
+COLUMNS = ("rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s", "memory_mb", "gpu_memory_mb",
+           "gpu_util_pct", "gpu_used_mb", "time", "arrived")
 
 
 def straggler_ranks(step_times: Mapping[int, float], factor: float = 1.5) -> list[int]:
@@ -19,29 +19,56 @@ def straggler_ranks(step_times: Mapping[int, float], factor: float = 1.5) -> lis
     return sorted(r for r, t in step_times.items() if median > 0 and t > factor * median)
 
 
+def _unpacked(records: Iterable[Mapping]) -> Iterator[Mapping]:
+    for rec in records:
+        if rec and "records" in rec:
+            yield from rec["records"]
+        else:
+            yield rec
+
+
 class MetricsTable:
-    """Records from every rank, in arrival order; ``frame()`` gives them as a pandas DataFrame."""
+    """Records from every rank, in arrival order; ``frame()`` gives the batch records as a pandas DataFrame (the
+    model's own metrics as extra columns), ``epoch_frame()`` each rank's averaged epoch metrics."""
 
     def __init__(self):
         self._rows: list[dict] = []
-        self._seen: dict[int, tuple] = {}
+        self._epochs: list[dict] = []
+        self._extra: dict[str, None] = {}  # the model's metric names, in the order first seen
+        self._seen: dict = {}  # origin -> last seq, or (kind, rank) -> last key
 
     def add(self, records: Iterable[Mapping]) -> int:
         """Add records not seen before (a rank's latest record may be read several times); return how many."""
         added = 0
-        for rec in records:
+        for rec in _unpacked(records):
             if not rec or "rank" not in rec:
                 continue
-            key = (rec.get("epoch"), rec.get("batch"), rec.get("time"))
-            if self._seen.get(rec["rank"]) == key:
+            kind = rec.get("kind", "batch")
+            if "seq" in rec:  # a rank's publications repeat its last few records: keep each once
+                if rec["seq"] <= self._seen.get(rec.get("origin"), -1):
+                    continue
+                self._seen[rec.get("origin")] = rec["seq"]
+            else:
+                key = (rec.get("epoch"), rec.get("batch"), rec.get("time"))
+                if self._seen.get((kind, rec["rank"])) == key:
+                    continue
+                self._seen[(kind, rec["rank"])] = key
+            extra = {k: v for k, v in (rec.get("metrics") or {}).items() if k not in COLUMNS}
+            if kind == "epoch":
+                self._epochs.append({"rank": rec["rank"], "epoch": rec.get("epoch"), "loss": rec.get("loss"), **extra})
+                added += 1
                 continue
-            self._seen[rec["rank"]] = key
-            self._rows.append({**{c: rec.get(c) for c in COLUMNS}, "arrived": time.time()})
+            self._extra.update(dict.fromkeys(extra))
+            self._rows.append({**{c: rec.get(c) for c in COLUMNS}, **extra, "arrived": time.time()})
             added += 1
         return added
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self._rows, columns=list(COLUMNS))
+        return pd.DataFrame(self._rows, columns=[*COLUMNS, *self._extra])
+
+    def epoch_frame(self) -> pd.DataFrame:
+        names = list(dict.fromkeys(k for row in self._epochs for k in row))
+        return pd.DataFrame(self._epochs, columns=names or ["rank", "epoch", "loss"])
 
     def latest(self) -> dict[int, dict]:
         """Each rank's most recent record."""

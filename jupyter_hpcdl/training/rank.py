@@ -1,29 +1,20 @@
-"""What runs on each rank (an ipyparallel engine, natively or in the user's container): join the Horovod world,
-build the user's model with an optimizer that averages gradients, train epoch by epoch while publishing metrics,
-stop with all ranks at the same batch, checkpoint and resume. The state of this rank lives in ``_STATE``."""
+"""What runs on each rank (an ipyparallel engine, natively or in the user's container): join the world, build the
+user's model with an optimizer that averages gradients, train epoch by epoch while publishing metrics, stop with all
+ranks at the same batch, checkpoint and resume. The state of this rank lives in ``_STATE``; what is Horovod's is
+in :mod:`.backend`."""
 from __future__ import annotations
 
 import hashlib
 import os
 import socket
-import time
+
+from . import backend
+from . import checkpoint as checkpoints
+from .backend import keras_problem  # noqa: F401 - the doctor's check
+from .rank_callbacks import TrainingStopped, make_callbacks, ordered, user_callbacks
+from .rank_data import batches_per_pass, load_shard, training_stream, validation_stream
 
 _STATE: dict = {}
-
-
-class TrainingStopped(Exception):
-    """Raised inside fit when every rank agreed to stop (see the stop callback)."""
-
-
-def keras_problem(tf_version: str, legacy_env: str | None) -> str | None:
-    """Why Horovod's Keras optimizer would not average gradients here, or None. TensorFlow >= 2.16 brings Keras 3,
-    with which ``hvd.DistributedOptimizer`` trains silently without averaging; tf-keras with TF_USE_LEGACY_KERAS=1
-    works."""
-    major, minor = (int(p) for p in tf_version.split(".")[:2])
-    if (major, minor) >= (2, 16) and legacy_env != "1":
-        return (f"TensorFlow {tf_version} uses Keras 3, with which Horovod's DistributedOptimizer skips gradient "
-                "averaging silently: install tf-keras and set TF_USE_LEGACY_KERAS=1 in the ranks' environment")
-    return None
 
 
 def join(env: dict) -> dict:
@@ -31,39 +22,78 @@ def join(env: dict) -> dict:
     os.environ.update(env)
     import tensorflow as tf
 
-    problem = keras_problem(tf.__version__, os.environ.get("TF_USE_LEGACY_KERAS"))
-    if problem:
-        raise RuntimeError(problem)
     threads = int(os.environ.get("HPCDL_TF_THREADS", "0"))
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
-    import horovod.tensorflow.keras as hvd
-
-    hvd.init()
+    place = backend.init()
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
-        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+        tf.config.set_visible_devices(gpus[place["local_rank"] % len(gpus)], "GPU")
     _STATE.clear()
-    _STATE.update(hvd=hvd, epochs_done=0)
-    return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "host": socket.gethostname(),
-            "node": os.environ.get("HOROVOD_HOSTNAME", ""), "pid": os.getpid(), "gpus": len(gpus),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    _STATE["progress"] = {"epochs_done": 0, "batches_done": 0}
+    return {**place, "host": socket.gethostname(), "node": os.environ.get("HOROVOD_HOSTNAME", ""),
+            "pid": os.getpid(), "gpus": len(gpus), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-def build(model_fn, data_fn, loss, metrics, lr: float, batch_size: int) -> dict:
-    """Build the user's model and this rank's data shard; compile with Horovod's averaging optimizer."""
+def scaled_schedule(schedule, factor: float):
+    """A learning-rate schedule times a factor (the world's size, when the user asks for linear scaling)."""
     import tensorflow as tf
 
-    hvd = _STATE["hvd"]
+    class Scaled(tf.keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step):
+            return schedule(step) * factor
+
+        def get_config(self):
+            return {"schedule": tf.keras.optimizers.schedules.serialize(schedule), "factor": factor}
+
+    return Scaled()
+
+
+def scale_learning_rate(optimizer, factor: float) -> None:
+    """Multiply the optimizer's learning rate (a number or a schedule) by ``factor``."""
+    import tensorflow as tf
+
+    current = getattr(optimizer, "_learning_rate", None)
+    if current is None:
+        current = optimizer.learning_rate
+    if isinstance(current, tf.keras.optimizers.schedules.LearningRateSchedule):
+        optimizer.learning_rate = scaled_schedule(current, factor)
+    else:
+        optimizer.learning_rate = float(tf.keras.backend.get_value(current)) * factor
+
+
+def compile_for_world(model, spec):
+    """The model compiled with the user's optimizer (or the short form's SGD) made to average over the ranks."""
+    import tensorflow as tf
+
+    if spec.compile is not None:
+        model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=spec.compile.lr), loss=spec.compile.loss,
+                      metrics=list(spec.compile.metrics))
+    if not getattr(model, "_is_compiled", False) or getattr(model, "optimizer", None) is None:
+        raise ValueError("model_fn returned a model that is not compiled: call model.compile(optimizer=..., loss=..., "
+                         "metrics=...) in model_fn, or give loss= (and lr=) for the short form")
+    args = model._get_compile_args()  # the user's optimizer, loss, metrics and weights, as compiled
+    args["optimizer"] = backend.distributed_optimizer(args["optimizer"])
+    if spec.scale_lr:
+        scale_learning_rate(args["optimizer"], backend.size())
+    model.compile(**args)
+    return model
+
+
+def build(spec) -> dict:
+    """Build the user's model and this rank's data; the ranks agree on the steps of an epoch (one collective that
+    every rank joins, so one rank's error never leaves the others waiting)."""
+    import tensorflow as tf
+
     failure, mine = None, 0
+    rank, size = backend.rank(), backend.size()
     try:
-        tf.keras.utils.set_random_seed(1234)
-        model = model_fn()
-        x, y = data_fn(hvd.rank(), hvd.size())
-        optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=lr))
-        model.compile(optimizer=optimizer, loss=loss, metrics=list(metrics), experimental_run_tf_function=False)
-        mine = steps_per_epoch(len(x), batch_size)
+        tf.keras.utils.set_random_seed(spec.seed)
+        model = compile_for_world(spec.model_fn(), spec)
+        shard = load_shard(spec.data, rank, size)
+        validation = load_shard(spec.validation_data, rank, size)
+        mine = batches_per_pass(shard, spec.batch_size, spec.steps_per_epoch)
     except Exception as e:  # noqa: BLE001 - re-raised below, after the collective every rank must join
         failure = e
     steps, others_failed = agreed_steps(mine, failure is not None)
@@ -71,119 +101,59 @@ def build(model_fn, data_fn, loss, metrics, lr: float, batch_size: int) -> dict:
         raise failure
     if others_failed:
         raise RuntimeError("another rank could not build its model or data (its own error is reported too)")
-    _STATE.update(model=model, x=x, y=y, batch_size=batch_size, steps=steps, broadcast_done=False, epochs_done=0)
-    return {"rank": hvd.rank(), "samples": len(x), "steps_per_epoch": steps}
+    steps = spec.steps_per_epoch or steps
+    _STATE.update(model=model, spec=spec, shard=shard, validation=validation, per_pass=mine, steps=steps,
+                  broadcast_done=False, progress={"epochs_done": 0, "batches_done": 0})
+    return {"rank": rank, "samples": shard.samples, "steps_per_epoch": steps, "batches_per_pass": mine,
+            "optimizer": type(model.optimizer).__name__, "learning_rate": current_lr(model.optimizer)}
 
 
-def steps_per_epoch(samples: int, batch_size: int) -> int:
-    """Batches one pass over ``samples`` takes (the last one partial)."""
-    if samples <= 0:
-        raise ValueError("this rank's data shard is empty: every rank needs at least one sample")
-    return -(-samples // batch_size)
+def current_lr(optimizer) -> float | None:
+    """The learning rate now (a schedule's value at the optimizer's step)."""
+    import tensorflow as tf
+
+    try:
+        schedule = getattr(optimizer, "_learning_rate", None)
+        if isinstance(schedule, tf.keras.optimizers.schedules.LearningRateSchedule):
+            return float(schedule(optimizer.iterations))
+        return float(tf.keras.backend.get_value(optimizer.learning_rate))
+    except (TypeError, ValueError):
+        return None
 
 
 def agreed_steps(mine: int, failed: bool) -> tuple[int, bool]:
     """The steps of every epoch, the same on every rank: the most any rank needs for one pass over its shard
-    (``mine`` is this rank's); and whether any rank failed to build (each rank joins this one collective, so one
-    rank's error never leaves the others waiting in it).
-    Uneven shards would otherwise deadlock (a rank with one batch fewer leaves the epoch while its peers wait in
-    the next gradient allreduce); ranks with smaller shards wrap around (no sample is dropped: each shard is read
-    pass after pass)."""
-    import horovod.tensorflow as hvd_tf
-    import tensorflow as tf
-
-    agreed = hvd_tf.allreduce(tf.constant([float(mine), float(failed)]), op=hvd_tf.Max, name="hpcdl.steps").numpy()
-    return int(agreed[0]), bool(agreed[1])
-
-
-def _dataset(x, y, batch_size: int):
-    """This rank's shard as an endless, reshuffled stream of full batches (the epoch's length is agreed_steps)."""
-    import tensorflow as tf
-
-    return (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), reshuffle_each_iteration=True).repeat()
-            .batch(batch_size).prefetch(tf.data.AUTOTUNE))
-
-
-def _callbacks(stop_file: str, publish_every: int, check_every: int, min_interval: float = 0.0):
-    import horovod.tensorflow as hvd_tf
-    import psutil
-    import tensorflow as tf
-    from ipyparallel.datapub import publish_data
-
-    hvd = _STATE["hvd"]
-    batch_size = _STATE["batch_size"]
-    process = psutil.Process()
-    has_gpu = bool(tf.config.list_logical_devices("GPU"))
-
-    def gpu_memory_mb() -> float | None:
-        """TensorFlow's memory in use on this rank's GPU (None without one)."""
-        return tf.config.experimental.get_memory_info("GPU:0")["current"] / 2**20 if has_gpu else None
-
-    class Publisher(tf.keras.callbacks.Callback):
-        """Live metrics of this rank, sent to the kernel as they happen (ipyparallel's data publication): every
-        ``publish_every`` batches, but at most every ``min_interval`` seconds. It takes Keras' logs as tensors
-        (``_supports_tf_logs``), so it adds no per-batch conversion of its own (the first fit's broadcast callback
-        still asks Keras for one)."""
-
-        _supports_tf_logs = True
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = _STATE["epochs_done"] + 1
-            self.published = getattr(self, "published", 0.0)
-
-        def on_train_batch_begin(self, batch, logs=None):
-            self.t0 = time.perf_counter()
-
-        def on_train_batch_end(self, batch, logs=None):
-            step = time.perf_counter() - self.t0
-            due = batch % publish_every == 0 or self.t0 - self.published >= 1.0  # slow batches: each one
-            if due and self.t0 - self.published >= min_interval:
-                self.published = self.t0
-                publish_data({"rank": hvd.rank(), "epoch": self.epoch, "batch": batch, "time": time.time(),
-                              "loss": float((logs or {}).get("loss", float("nan"))), "step_time_s": step,
-                              "samples_per_s": batch_size / step if step > 0 else None,
-                              "memory_mb": process.memory_info().rss / 2**20, "gpu_memory_mb": gpu_memory_mb()})
-
-    class StopWhenAsked(tf.keras.callbacks.Callback):
-        """Every ``check_every`` batches each rank checks the stop file, and all agree (max over ranks) before
-        stopping, so the ranks leave fit at the same batch and the world stays in step."""
-
-        _supports_tf_logs = True
-
-        def on_train_batch_end(self, batch, logs=None):
-            if batch % check_every:  # the same batches on every rank, so the collective stays matched
-                return
-            asked = 1.0 if os.path.exists(stop_file) else 0.0
-            if float(hvd_tf.allreduce(tf.constant(asked), op=hvd_tf.Max, name="hpcdl.stop")) > 0:
-                raise TrainingStopped(f"stopped in epoch {_STATE['epochs_done'] + 1} after batch {batch}")
-
-    class CountEpochs(tf.keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            _STATE["epochs_done"] += 1
-
-    return [Publisher(), StopWhenAsked(), hvd.callbacks.MetricAverageCallback(), CountEpochs()]
+    (``mine`` is this rank's); and whether any rank failed to build. Uneven shards would otherwise deadlock (a rank
+    with one batch fewer leaves the epoch while its peers wait in the next gradient allreduce); ranks with smaller
+    shards wrap around (no sample is dropped: each shard is read pass after pass)."""
+    steps, failed_anywhere = backend.allreduce_max([mine, float(failed)], "hpcdl.steps")
+    return int(steps), bool(failed_anywhere)
 
 
 def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 20, min_interval: float = 0.0) -> dict:
     """Train ``epochs`` more epochs; return this rank's history, whether it was stopped, and a weights digest."""
-    hvd = _STATE["hvd"]
-    model = _STATE["model"]
-    callbacks = _callbacks(stop_file, publish_every, check_every, min_interval)
-    if not _STATE["broadcast_done"]:
-        callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
-        _STATE["broadcast_done"] = True
-    stopped = None
+    model, spec, progress = _STATE["model"], _STATE["spec"], _STATE["progress"]
+    shard = _STATE["shard"]
+    rank, size = backend.rank(), backend.size()
+    first = [] if _STATE["broadcast_done"] else [backend.broadcast_callback()]
+    _STATE["broadcast_done"] = True
+    ours = make_callbacks(progress, stop_file, spec.batch_size if shard.dataset is None else None, publish_every,
+                          check_every, min_interval)
+    stream = training_stream(shard, spec.batch_size, spec.seed, rank, spec.shuffle, progress["batches_done"],
+                             _STATE["per_pass"])
+    stopped, start = None, progress["epochs_done"]
     try:
-        history = model.fit(_dataset(_STATE["x"], _STATE["y"], _STATE["batch_size"]), steps_per_epoch=_STATE["steps"],
-                            epochs=epochs, verbose=0, callbacks=callbacks).history
+        history = model.fit(stream, steps_per_epoch=_STATE["steps"], initial_epoch=start, epochs=start + epochs,
+                            validation_data=validation_stream(_STATE["validation"], spec.batch_size), verbose=0,
+                            callbacks=ordered(first, user_callbacks(spec.callbacks, rank, size), ours)).history
     except TrainingStopped as e:
         history, stopped = {}, str(e)
-    return {"rank": hvd.rank(), "history": {k: [float(v) for v in vs] for k, vs in history.items()},
-            "stopped": stopped, "epochs_done": _STATE["epochs_done"], "weights": weights_digest()}
+    return {"rank": rank, "history": {k: [float(v) for v in vs] for k, vs in history.items()},
+            "stopped": stopped, "epochs_done": progress["epochs_done"], "weights": weights_digest()}
 
 
 def shard_size() -> dict:
-    return {"rank": _STATE["hvd"].rank(), "samples": len(_STATE["x"])}
+    return {"rank": backend.rank(), "samples": _STATE["shard"].samples, "batches_per_pass": _STATE["per_pass"]}
 
 
 def weights_digest() -> str:
@@ -197,42 +167,37 @@ def set_lr(lr: float) -> float:
     import tensorflow as tf
 
     optimizer = _STATE["model"].optimizer
-    tf.keras.backend.set_value(optimizer.learning_rate, lr)
+    try:
+        optimizer.learning_rate = lr
+    except TypeError:
+        raise ValueError("this optimizer follows a learning-rate schedule: its rate cannot be set by hand (build "
+                         "the model again with another schedule)") from None
     return float(tf.keras.backend.get_value(optimizer.learning_rate))
 
 
 def save(path: str) -> str | None:
-    """Rank 0 writes the weights and progress, atomically; the other ranks write nothing."""
-    import numpy as np
-
-    from .checkpoint import atomic_write
-
-    if _STATE["hvd"].rank() != 0:
+    """Rank 0 writes the model, the optimizer's state and the progress (see :mod:`.checkpoint`); the others
+    nothing."""
+    if backend.rank() != 0:
         return None
-    weights = _STATE["model"].get_weights()
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            np.savez(f, epochs_done=np.array(_STATE["epochs_done"]), count=np.array(len(weights)),
-                     **{f"w{i}": w for i, w in enumerate(weights)})
-
-    return atomic_write(path, write)
+    progress = _STATE["progress"]
+    checkpoints.save(path, _STATE["model"], checkpoints.Progress(progress["epochs_done"], progress["batches_done"],
+                                                                 backend.size(), _STATE["spec"].seed))
+    return checkpoints.check_target(path)
 
 
 def load(path: str) -> dict:
-    """Every rank reads the checkpoint (on the shared file system) and continues from it."""
-    import numpy as np
-
-    with np.load(path) as data:
-        weights = [data[f"w{i}"] for i in range(int(data["count"]))]
-        _STATE["epochs_done"] = int(data["epochs_done"])
-    _STATE["model"].set_weights(weights)
+    """Every rank reads the checkpoint (on the shared file system) and continues from it: the same model, optimizer
+    state, epoch, and — in a world of the same size — the same place in the data."""
+    saved = checkpoints.load(path, _STATE["model"])
+    _STATE["progress"] = {"epochs_done": saved.epochs_done,
+                          "batches_done": saved.start_batch(backend.size(), _STATE["steps"])}
     _STATE["broadcast_done"] = True
-    return {"rank": _STATE["hvd"].rank(), "epochs_done": _STATE["epochs_done"], "weights": weights_digest()}
+    return {"rank": backend.rank(), "epochs_done": saved.epochs_done, "weights": weights_digest(),
+            "iterations": int(_STATE["model"].optimizer.iterations), "saved_world_size": saved.world_size}
 
 
 def leave() -> None:
-    hvd = _STATE.get("hvd")
-    if hvd is not None:
-        hvd.shutdown()
+    if "progress" in _STATE:
+        backend.shutdown()
     _STATE.clear()

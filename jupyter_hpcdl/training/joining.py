@@ -1,0 +1,35 @@
+"""One world out of a placement's engines (runs in the kernel): the Gloo environment of each rank (with the
+session's own rendezvous) or the MPI one, and the check that the engines joined one world, not several."""
+from __future__ import annotations
+
+from ..world import gloo_env, iface_for, mpi_env, plan_slots
+from .placement import Engines
+
+
+def gloo_envs(engines: Engines, ranks: int, iface: str | None = None):
+    """Start a rendezvous for this world (bound to the ranks' address, answering only with its secret); it and
+    each rank's Gloo environment, in rank order."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    from .rendezvous import SessionRendezvous
+
+    rendezvous = SessionRendezvous(bind=engines.addr)
+    port = rendezvous.start()
+    rendezvous.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in engines.hosts)), ranks))
+    iface = iface or iface_for(engines.addr)
+    return rendezvous, [gloo_env(s, rendezvous.rank_address(engines.addr), port, iface)
+                        for s in plan_slots(engines.hosts)]
+
+
+def mpi_envs(engines: Engines) -> list[dict]:
+    return [mpi_env()] * len(engines.ids)
+
+
+def check_one_world(world: list[dict], ranks: int) -> None:
+    """The ranks must form one world: ranks 0..N-1 once each, all of size N. (Engines whose MPI did not reach the
+    launcher's PMI each start a world of their own, and would train alone, unnoticed.)"""
+    got = sorted((w["rank"], w["size"]) for w in world)
+    if got != [(r, ranks) for r in range(ranks)]:
+        raise RuntimeError(f"the {ranks} engines did not join one Horovod world (rank, size: {got}); with "
+                           "world='mpi' the MPI library in the container must reach the launcher's PMI — "
+                           "use world='gloo' where it does not")

@@ -1,0 +1,244 @@
+"""Where a session's engines run (runs in the kernel): on this machine, across the batch job this kernel runs in
+(started by the allocation's owner), or in a new batch job of their own. Each placement starts an ipyparallel
+controller and its engines, says which engine is which rank and where, and stops what it started."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import ipyparallel as ipp
+
+from ..allocation import SOCKET_ENV, request, squeue_time_left
+from ..newjob import NewAllocation, engines_job_template
+from ..world import hosts_from_tasks
+
+PLACES = ("local", "allocation", "new")
+
+
+@dataclass(frozen=True)
+class Engines:
+    """The engines of one world, in rank order, the hosts with their slot counts, and the address they reach the
+    kernel (the controller, the rendezvous) at."""
+
+    ids: list[int]
+    hosts: list[tuple[str, int]]
+    addr: str
+
+
+@dataclass
+class PlacementOptions:
+    ranks: int
+    start_timeout: float
+    session_dir: str
+    image: str = "hpcdl/base:latest"
+    controller_ip: str | None = None
+    engine_cmd: list[str] | None = None
+    mpi: bool = False
+    new_allocation: NewAllocation | None = None
+
+
+def owner_socket() -> str | None:
+    """The allocation owner's socket, when this kernel runs in a jupyter-hpcdl job."""
+    path = os.environ.get(SOCKET_ENV)
+    return path if path and os.path.exists(path) else None
+
+
+def resolve(where: str) -> str:
+    """"auto": the allocation when its owner is reachable, else local."""
+    return where if where != "auto" else "allocation" if owner_socket() else "local"
+
+
+class Placement:
+    """One world's controller and engines. ``start(on_controller)`` calls ``on_controller`` as soon as the
+    controller runs (the session starts its reaper then), and returns the :class:`Engines`."""
+
+    kind = ""
+
+    def __init__(self, options: PlacementOptions):
+        self.options = options
+        self.cluster: ipp.Cluster | None = None
+        self.client: ipp.Client | None = None
+
+    def start(self, on_controller: Callable[[], None], get: Callable) -> Engines:
+        """``get(async_result, what, timeout)``: the session's wait with a deadline."""
+        raise NotImplementedError
+
+    @property
+    def cluster_file(self) -> str | None:
+        return getattr(self.cluster, "cluster_file", None) if self.cluster is not None else None
+
+    @property
+    def job_id(self) -> str | None:
+        return None
+
+    def time_left(self) -> float | None:
+        """Seconds of walltime the ranks have left, as the batch system says; None without a limit or a job."""
+        job = os.environ.get("SLURM_JOB_ID")
+        return squeue_time_left(job) if job and shutil.which("squeue") else None
+
+    def stop(self) -> None:
+        """Stop the controller and the engines (and with them a batch job of the ranks)."""
+        if self.cluster is not None:
+            self.cluster.stop_cluster_sync()
+
+    def _addr(self) -> str:
+        return self.options.controller_ip or socket.gethostbyname(socket.gethostname())
+
+    def _engines_by_task(self, addr: str, get) -> Engines:
+        """Wait for the engines srun started; order them by Slurm task (the ranks) and say where they run."""
+        self.client.wait_for_engines(self.options.ranks, timeout=self.options.start_timeout)
+        engines = sorted(self.client.ids)[: self.options.ranks]
+        tasks = get(self.client[engines].apply_async(_slurm_task), "finding the ranks' tasks",
+                    self.options.start_timeout)
+        by_rank = sorted(zip(tasks, engines))
+        return Engines([e for _, e in by_rank], hosts_from_tasks(tasks), addr)
+
+
+class LocalPlacement(Placement):
+    """Engines on this machine (laptops, binder, workshops), started by ipyparallel (or its MPI launcher)."""
+
+    kind = "local"
+
+    def start(self, on_controller, get) -> Engines:
+        o = self.options
+        kwargs = {}
+        if o.engine_cmd:
+            from traitlets.config import Config
+
+            launcher = "MPIEngineSetLauncher" if o.mpi else "LocalEngineSetLauncher"
+            kwargs["config"] = Config({launcher: {"engine_cmd": list(o.engine_cmd)}})
+        if o.mpi:
+            kwargs["engines"] = "mpi"
+        self.cluster = ipp.Cluster(n=o.ranks, log_level=40, engine_timeout=o.start_timeout, **kwargs)
+        self.cluster.start_controller_sync()
+        on_controller()  # from here on a dying kernel takes the controller and engines with it
+        self.cluster.start_engines_sync()
+        self.client = self.cluster.connect_client_sync()
+        self.client.wait_for_engines(o.ranks, timeout=o.start_timeout)
+        return Engines(sorted(self.client.ids)[: o.ranks], [(socket.gethostname(), o.ranks)], "127.0.0.1")
+
+
+class AllocationPlacement(Placement):
+    """A controller here; the engines started by the allocation's owner with srun, one per rank, in containers."""
+
+    kind = "allocation"
+
+    def start(self, on_controller, get) -> Engines:
+        o, sock = self.options, owner_socket()
+        if not sock:
+            raise RuntimeError("no batch allocation to start ranks in: this kernel is not in a jupyter-hpcdl job "
+                               f"(${SOCKET_ENV} unset); use where='local', or where='new' for a new batch job")
+        addr = self._addr()
+        self.cluster = ipp.Cluster(n=0, controller_ip=addr, engines="local", log_level=40)
+        self.cluster.start_controller_sync()
+        on_controller()
+        connection = os.path.join(self.cluster.profile_dir, "security",
+                                  f"ipcontroller-{self.cluster.cluster_id}-engine.json")
+        gpus = 1 if os.environ.get("CUDA_VISIBLE_DEVICES") else 0  # each rank sees only its own GPU
+        request(sock, "POST", "/engines", {"ranks": o.ranks, "image": o.image, "connection_file": connection,
+                                           "gpus_per_rank": gpus, "mpi": o.mpi})
+        self.client = self.cluster.connect_client_sync()
+        return self._engines_by_task(addr, get)
+
+    def time_left(self) -> float | None:
+        sock = owner_socket()
+        return request(sock, "GET", "/allocation", timeout=15).get("time_left_s") if sock else None
+
+    def stop(self) -> None:
+        try:
+            sock = owner_socket()
+            if sock:
+                try:
+                    request(sock, "DELETE", "/engines")
+                except (OSError, RuntimeError):
+                    pass
+        finally:
+            super().stop()
+
+
+class NewAllocationPlacement(Placement):
+    """A controller here; a new batch job whose tasks are the engines, submitted by ipyparallel's Slurm engine
+    launcher with our script (and cancelled by it when the world ends)."""
+
+    kind = "new"
+
+    def start(self, on_controller, get) -> Engines:
+        from traitlets.config import Config
+
+        o = self.options
+        submit, python, sock = {}, sys.executable, owner_socket()
+        if not shutil.which("sbatch"):
+            if not sock:
+                raise RuntimeError("where='new' submits a batch job, but there is no sbatch here and no "
+                                   "jupyter-hpcdl job whose owner could submit it")
+            from ..jobclient import CANCEL, SUBMIT
+
+            submit = {"submit_command": SUBMIT, "delete_command": CANCEL}  # the owner runs sbatch and scancel
+            python = request(sock, "GET", "/allocation")["host_python"]  # the job runs on the host
+        addr = self._addr()
+        config = Config({"SlurmEngineSetLauncher": {
+            **submit,
+            "batch_template": engines_job_template(o.new_allocation or NewAllocation(), o.ranks, o.mpi),
+            "batch_file_name": os.path.join(o.session_dir, "engines.sbatch"),  # not the kernel's working directory
+            "engine_cmd": o.engine_cmd or container_engine_cmd(o.image, o.mpi, python)}})
+        self.cluster = ipp.Cluster(n=o.ranks, controller_ip=addr, engines="slurm", config=config, log_level=40,
+                                   engine_timeout=o.start_timeout)  # the queue wait counts
+        if not re.fullmatch(r"/[\w./-]+", self.cluster.profile_dir):  # it goes into the batch script
+            raise RuntimeError(f"the IPython profile directory {self.cluster.profile_dir!r} has characters a "
+                               "batch script cannot carry safely: use a profile path of letters, digits, . _ - /")
+        try:
+            self.cluster.start_controller_sync()
+            on_controller()  # before the submission: a kernel that dies in the queue wait leaves no job behind
+            self.cluster.start_engines_sync()
+            self.client = self.cluster.connect_client_sync()
+        except BaseException as e:
+            for key, engine_set in list(self.cluster.engines.items()):
+                if not getattr(engine_set, "job_id", None):  # never submitted: nothing to cancel
+                    del self.cluster.engines[key]
+            if isinstance(e, subprocess.CalledProcessError):
+                said = e.output.decode(errors="replace") if isinstance(e.output, bytes) else str(e.output or "")
+                raise RuntimeError(f"the batch system refused the ranks' job: {said.strip() or e}") from None
+            raise
+        return self._engines_by_task(addr, get)
+
+    @property
+    def job_id(self) -> str | None:
+        for launcher in (self.cluster.engines.values() if self.cluster is not None else ()):
+            return getattr(launcher, "job_id", None) or None
+        return None
+
+    def time_left(self) -> float | None:
+        job = self.job_id
+        if not job:
+            return None
+        if shutil.which("squeue"):
+            return squeue_time_left(job)
+        sock = owner_socket()
+        return request(sock, "GET", f"/jobs/{job}", timeout=15).get("time_left_s") if sock else None
+
+
+def container_engine_cmd(image: str, mpi: bool = False, python: str | None = None) -> list[str]:
+    """An engine started in the user's container for ``image`` by ``python`` (the host's, with jupyter_hpcdl);
+    ipyparallel tells engines their cluster through these variables, which are passed into the container by name."""
+    from ..allocation import ENGINE_ENV, MPI_IN_CONTAINER
+    from ..containers.kernelspec import in_container_argv
+
+    return in_container_argv(image, python or sys.executable, ENGINE_ENV, ["python3", "-m", "ipyparallel.engine"],
+                             MPI_IN_CONTAINER if mpi else ())
+
+
+def placement_for(kind: str, options: PlacementOptions) -> Placement:
+    return {"local": LocalPlacement, "allocation": AllocationPlacement, "new": NewAllocationPlacement}[kind](options)
+
+
+def _slurm_task() -> tuple[int, str]:
+    """On an engine started by srun: its task number and node."""
+    import os
+
+    return int(os.environ["SLURM_PROCID"]), os.environ["SLURMD_NODENAME"]

@@ -1,0 +1,135 @@
+"""The session's Keras callbacks on each rank (runs on the ranks): live metrics to the kernel, the agreed stop, and
+the count of epochs and batches that checkpoints keep. They go beside the user's own callbacks, in a session's fit
+and in a user's script run by ``session.run_script``."""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import socket
+import time
+from collections import deque
+from . import backend
+
+
+OUTBOX_SIZE = 32
+_OUTBOX: deque = deque(maxlen=OUTBOX_SIZE)
+_SEQUENCE = itertools.count()
+_ORIGIN = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def publish(rank: int, record: dict) -> None:
+    """Send ``record`` to the kernel with the last few before it: ipyparallel keeps only an engine's latest
+    publication, so a kernel that reads less often than the rank publishes still gets every record (up to
+    ``OUTBOX_SIZE`` behind); the kernel drops what it has by (origin, seq)."""
+    from ipyparallel.datapub import publish_data
+
+    _OUTBOX.append({**record, "seq": next(_SEQUENCE), "origin": _ORIGIN})
+    publish_data({"rank": rank, "records": list(_OUTBOX)})
+
+
+class TrainingStopped(Exception):
+    """Raised inside fit when every rank agreed to stop (see :class:`StopWhenAsked`)."""
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def make_callbacks(progress: dict, stop_file: str, batch_size: int | None, publish_every: int = 5,
+                   check_every: int = 20, min_interval: float = 0.0) -> list:
+    """Publisher, StopWhenAsked and Count, sharing ``progress`` (``epochs_done``, ``batches_done``)."""
+    import psutil
+    import tensorflow as tf
+    from .gpu import RankGpu
+
+    rank = backend.rank()
+    process = psutil.Process()
+    has_gpu = bool(tf.config.list_logical_devices("GPU"))
+    gpu = RankGpu(default_index=backend.local_rank() if has_gpu else None)
+
+    def gpu_memory_mb() -> float | None:
+        """TensorFlow's memory in use on this rank's GPU (None without one)."""
+        return tf.config.experimental.get_memory_info("GPU:0")["current"] / 2**20 if has_gpu else None
+
+    def gpu_figures() -> dict:
+        """The driver's view of this rank's GPU (NVML): utilisation and memory used by all its processes."""
+        sample = gpu.sample()
+        return {"gpu_util_pct": sample.utilization_pct, "gpu_used_mb": sample.memory_used_mb} if sample else {}
+
+    def metrics_of(logs) -> dict[str, float]:
+        return {k: n for k, v in (logs or {}).items() if k != "loss" and (n := _number(v)) is not None}
+
+    class Publisher(tf.keras.callbacks.Callback):
+        """Live metrics of this rank, sent to the kernel as they happen (ipyparallel's data publication): every
+        ``publish_every`` batches, but at most every ``min_interval`` seconds; and each epoch's averaged metrics
+        (validation ones too) at its end. It takes Keras' logs as tensors (``_supports_tf_logs``), so it converts
+        only what it sends."""
+
+        _supports_tf_logs = True
+
+        def on_train_begin(self, logs=None):
+            self.published = 0.0
+            self.batch_size = batch_size
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = progress["epochs_done"] + 1
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = time.perf_counter() - self.t0
+            due = batch % publish_every == 0 or self.t0 - self.published >= 1.0  # slow batches: each one
+            if due and self.t0 - self.published >= min_interval:
+                self.published = self.t0
+                size = self.batch_size or (self.params or {}).get("batch_size")
+                publish(rank, {"rank": rank, "epoch": self.epoch, "batch": batch, "time": time.time(),
+                              "loss": _number((logs or {}).get("loss")), "step_time_s": step,
+                              "samples_per_s": size / step if size and step > 0 else None,
+                              "memory_mb": process.memory_info().rss / 2**20, "gpu_memory_mb": gpu_memory_mb(),
+                              **gpu_figures(), "metrics": metrics_of(logs)})
+
+        def on_epoch_end(self, epoch, logs=None):
+            publish(rank, {"rank": rank, "epoch": self.epoch, "batch": None, "kind": "epoch", "time": time.time(),
+                          "loss": _number((logs or {}).get("loss")), "metrics": metrics_of(logs)})
+
+    class StopWhenAsked(tf.keras.callbacks.Callback):
+        """Every ``check_every`` batches each rank checks the stop file, and all agree (max over ranks) before
+        stopping, so the ranks leave fit at the same batch and the world stays in step."""
+
+        _supports_tf_logs = True
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch % check_every:  # the same batches on every rank, so the collective stays matched
+                return
+            asked = 1.0 if os.path.exists(stop_file) else 0.0
+            if backend.allreduce_max([asked], "hpcdl.stop")[0] > 0:
+                raise TrainingStopped(f"stopped in epoch {progress['epochs_done'] + 1} after batch {batch}")
+
+    class Count(tf.keras.callbacks.Callback):
+        _supports_tf_logs = True
+
+        def on_train_batch_end(self, batch, logs=None):
+            progress["batches_done"] += 1
+
+        def on_epoch_end(self, epoch, logs=None):
+            progress["epochs_done"] += 1
+
+    return [Publisher(), StopWhenAsked(), Count()]
+
+
+def user_callbacks(callbacks, rank: int, size: int) -> list:
+    """The user's callbacks: a list, or a function ``(rank, size) -> list`` (e.g. a ModelCheckpoint on rank 0 only)."""
+    made = callbacks(rank, size) if callable(callbacks) else callbacks
+    return list(made or [])
+
+
+def ordered(first: list, user: list, ours: list) -> list:
+    """Broadcast first, then metric averaging, so the user's callbacks (and ours) see averaged epoch metrics."""
+    return [*first, backend.metric_average_callback(), *user, *ours]
+

@@ -1,0 +1,104 @@
+"""A rank's data (runs on the ranks): its shard of the user's data as a ``tf.data`` stream that any epoch of any
+fit can start from, so a resumed or recovered fit goes on with the data order it would have had.
+
+The stream is pass after pass over the shard; pass ``p`` is shuffled with a seed made of the session's seed, the
+rank and ``p``. An epoch is the agreed number of batches (the most any rank needs for one pass), so a rank with a
+smaller shard wraps into its next pass; the position after ``k`` epochs is ``k × steps`` batches into the stream."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .spec import NpzFile
+
+
+@dataclass
+class Shard:
+    """This rank's data: arrays (``x``, ``y``), or the user's batched ``tf.data.Dataset``."""
+
+    x: Any = None
+    y: Any = None
+    dataset: Any = None
+
+    @property
+    def samples(self) -> int | None:
+        return len(self.x) if self.dataset is None else None
+
+
+def load_shard(data, rank: int, size: int) -> Shard | None:
+    """The user's data in any of its forms (see ``spec.check_data``) as this rank's shard."""
+    import numpy as np
+    import tensorflow as tf
+
+    if data is None:
+        return None
+    if isinstance(data, NpzFile):
+        with np.load(data.path, mmap_mode="r") as arrays:
+            missing = [k for k in (data.x, data.y) if k not in arrays.files]
+            if missing:
+                raise ValueError(f"{data.path} has no array {missing[0]!r} (it has {', '.join(arrays.files)})")
+            return Shard(np.asarray(arrays[data.x][rank::size]), np.asarray(arrays[data.y][rank::size]))
+    if isinstance(data, tuple):
+        return Shard(data[0][rank::size], data[1][rank::size])
+    made = data(rank, size)
+    if isinstance(made, tf.data.Dataset):
+        return Shard(dataset=made)
+    if isinstance(made, (tuple, list)) and len(made) == 2:
+        if len(made[0]) != len(made[1]):
+            raise ValueError(f"the data function gave rank {rank} {len(made[0])} x but {len(made[1])} y")
+        return Shard(made[0], made[1])
+    raise ValueError(f"the data function must return (x, y) or a batched tf.data.Dataset, not {type(made).__name__}")
+
+
+def batches_per_pass(shard: Shard, batch_size: int, steps_per_epoch: int | None = None) -> int:
+    """Batches in one pass over this rank's shard (the last one partial). A Dataset of unknown length is counted
+    once; an endless one needs ``steps_per_epoch``."""
+    import tensorflow as tf
+
+    if shard.dataset is None:
+        if shard.samples <= 0:
+            raise ValueError("this rank's data shard is empty: every rank needs at least one sample")
+        return -(-shard.samples // batch_size)
+    n = int(shard.dataset.cardinality())
+    if n == tf.data.INFINITE_CARDINALITY:
+        if steps_per_epoch is None:
+            raise ValueError("this rank's Dataset repeats forever: give steps_per_epoch=")
+        return steps_per_epoch
+    if n == tf.data.UNKNOWN_CARDINALITY:
+        n = int(shard.dataset.reduce(0, lambda count, _: count + 1))
+    if n <= 0:
+        raise ValueError("this rank's Dataset is empty: every rank needs at least one batch")
+    return n
+
+
+def training_stream(shard: Shard, batch_size: int, seed: int, rank: int, shuffle: bool = True,
+                    start_batch: int = 0, per_pass: int | None = None):
+    """The endless stream of batches from batch ``start_batch`` on (see the module's docstring)."""
+    import tensorflow as tf
+
+    per_pass = per_pass or batches_per_pass(shard, batch_size)
+    first_pass, offset = divmod(start_batch, per_pass)
+    if shard.dataset is not None:
+        one_pass = lambda p: shard.dataset  # noqa: E731 - the user's pipeline shuffles as it was written to
+    else:
+        base = tf.data.Dataset.from_tensor_slices((shard.x, shard.y))
+        n = shard.samples
+
+        def one_pass(p):
+            passed = base.shuffle(n, seed=tf.cast(seed, tf.int64) * 1_000_003 + rank * 7_919 + p,
+                                  reshuffle_each_iteration=False) if shuffle else base
+            return passed.batch(batch_size)
+
+    return (tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(offset)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def validation_stream(shard: Shard | None, batch_size: int):
+    """The validation shard, batched, once over (Keras evaluates it at each epoch's end)."""
+    import tensorflow as tf
+
+    if shard is None:
+        return None
+    if shard.dataset is not None:
+        return shard.dataset
+    return tf.data.Dataset.from_tensor_slices((shard.x, shard.y)).batch(batch_size)
