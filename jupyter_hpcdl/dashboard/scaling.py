@@ -7,7 +7,7 @@ import os
 
 import ipywidgets as w
 
-from ..training.session import plot_scaling
+from ..training.experiments import plot_scaling
 from . import charts
 from .series import error_html, parse_rank_counts
 

@@ -9,7 +9,7 @@ from typing import Iterable, Mapping
 import pandas as pd
 
 CHARTS = {"loss": "loss", "samples_per_s": "samples/s", "step_time_s": "step time (s)"}
-GPU_CHARTS = {"gpu_memory_mb": "GPU memory (MB)"}  # shown when the ranks have GPUs
+GPU_CHARTS = {"gpu_memory_mb": "GPU memory (MB)", "gpu_util_pct": "GPU utilisation (%)"}  # when the ranks have GPUs
 
 
 def batches_per_epoch(samples: int, batch_size: int) -> int:

@@ -12,24 +12,29 @@ import ipywidgets as w
 
 from ..training.session import TrainingSession
 from . import charts
-from .series import CHARTS, GPU_CHARTS, batches_per_epoch, epoch_progress, error_html, rank_series, rank_table_html
+from .series import CHARTS, GPU_CHARTS, epoch_progress, error_html, rank_series, rank_table_html
 
 
 class Dashboard(w.VBox):
-    """``Dashboard()`` trains the package's digits example; pass ``model_fn``, ``data_fn`` and ``loss`` for your own
-    problem (as for :meth:`TrainingSession.setup`), or an already started ``session``."""
+    """``Dashboard()`` trains the package's digits example. For your own problem pass ``model_fn`` and ``data_fn``
+    as for :meth:`TrainingSession.setup` — a model you compile yourself (then the learning-rate box is off: your
+    optimizer sets it), or ``loss`` for the short form — with any other ``setup`` options in ``setup_options``
+    (``validation_data``, ``callbacks``, ``seed`` …); or a ``session`` you started and set up yourself (a running
+    ``run_script`` shows here too)."""
 
     def __init__(self, session: TrainingSession | None = None, model_fn=None, data_fn=None, loss=None, metrics=(),
                  ranks: int = 2, epochs: int = 2, batch_size: int = 32, lr: float = 0.05, max_ranks: int = 64,
-                 checkpoint_dir: str = "~/hpcdl-checkpoints", refresh: float = 0.3, **session_options):
-        if model_fn is None:
+                 checkpoint_dir: str = "~/hpcdl-checkpoints", refresh: float = 0.3, setup_options: dict | None = None,
+                 **session_options):
+        if model_fn is None and (session is None or not session.has_model):
             from ..training import examples
 
             model_fn, data_fn, loss = examples.digits_model, examples.digits_shard, loss or examples.digits_loss
-        if data_fn is None or loss is None:
-            raise ValueError("give data_fn and loss together with model_fn")
+        if model_fn is not None and data_fn is None:
+            raise ValueError("give data_fn (the data: arrays, a function (rank, size), or a .npz path) with model_fn")
         self.session = session
         self.problem = (model_fn, data_fn, loss, tuple(metrics))
+        self.setup_options = dict(setup_options or {})
         self.session_options = session_options
         self.checkpoint_dir = os.path.expanduser(checkpoint_dir)
         self.last_checkpoint: str | None = None
@@ -88,9 +93,10 @@ class Dashboard(w.VBox):
             self._say(f"rescaling to {self.ranks.value} ranks")
             s.rescale(self.ranks.value)
             self._measure_epoch()
-        taken = s.set_lr(self.lr.value)
-        if not all(math.isclose(lr, self.lr.value, rel_tol=1e-6) for lr in taken):
-            raise RuntimeError(f"the ranks did not take the learning rate {self.lr.value}: they have {taken}")
+        if not s.spec.user_compiled:  # a model compiled by the user follows its own optimizer's rate
+            taken = s.set_lr(self.lr.value)
+            if not all(math.isclose(lr, self.lr.value, rel_tol=1e-6) for lr in taken):
+                raise RuntimeError(f"the ranks did not take the learning rate {self.lr.value}: they have {taken}")
         self._fit_range = (s.epochs_done + 1, self.epochs.value)
         self._say(f"training {self.epochs.value} epoch(s) on {s.ranks} ranks")
         result = s.fit(epochs=self.epochs.value, on_metrics=lambda _t: self._draw())
@@ -114,24 +120,34 @@ class Dashboard(w.VBox):
         if not self.session.has_model:
             self._say("building the model on every rank")
             model_fn, data_fn, loss, metrics = self.problem
-            self.session.setup(model_fn, data_fn, loss, metrics, lr=self.lr.value, batch_size=self.batch_size.value)
+            if model_fn is None:
+                raise RuntimeError("this dashboard was given a session without a model: press Close, or give "
+                                   "model_fn and data_fn")
+            if loss is None:  # the user's compiled model
+                self.session.setup(model_fn, data_fn, batch_size=self.batch_size.value, **self.setup_options)
+            else:
+                self.session.setup(model_fn, data_fn, loss, metrics, lr=self.lr.value,
+                                   batch_size=self.batch_size.value, **self.setup_options)
             self._measure_epoch()
         return self.session
 
     def _measure_epoch(self) -> None:
         """Batches per epoch (of the largest shard) for the progress bar and the charts' step axis."""
         s = self.session
-        self.per_epoch = batches_per_epoch(max(s.shard_sizes().values()), s.batch_size)
+        self.per_epoch = s.batches_per_epoch or 1
         self.batch_size.value, self.batch_size.disabled = s.batch_size, True  # fixed once the model is built
+        if s.spec is not None and s.spec.user_compiled:
+            self.lr.disabled = True
+            self.lr.description = "learning rate (your optimizer's)"
 
     def checkpoint(self) -> None:
         os.makedirs(self.checkpoint_dir, exist_ok=True)
-        self.last_checkpoint = self._require_session().checkpoint(os.path.join(self.checkpoint_dir, "latest.npz"))
+        self.last_checkpoint = self._require_session().checkpoint(os.path.join(self.checkpoint_dir, "latest"))
         self._say(f"checkpoint written: {self.last_checkpoint}")
 
     def resume(self) -> None:
         s = self._require_session()
-        path = self.last_checkpoint or os.path.join(self.checkpoint_dir, "latest.npz")
+        path = self.last_checkpoint or os.path.join(self.checkpoint_dir, "latest")
         if not os.path.exists(path):
             raise RuntimeError(f"no checkpoint at {path}: press Checkpoint first")
         if s.alive:
