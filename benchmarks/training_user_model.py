@@ -1,0 +1,131 @@
+"""A researcher's own Keras work through the session, measured against horovodrun in the same run (issue: the
+user's own model, data and scripts).
+
+1. Throughput: Horovod's synthetic Keras benchmark (``benchmarks/keras_synthetic.py``: a tf.keras.applications
+   model, ``weights=None``, random inputs) under ``horovodrun --gloo`` against the same file, unchanged, through
+   ``TrainingSession.run_script`` (the session's callbacks streaming its metrics live, the agreed stop check every
+   20 batches), alternating rounds: images/s after the warm-up batches, as the script itself measures them.
+2. The same model compiled by the user and trained by ``session.setup(...)``/``fit`` (the session's own data
+   stream): images/s of a whole measured fit (round trip and the weights check included) against horovodrun's.
+3. Rank-to-kernel metric latency with ``--latency-ranks`` local ranks (default 8): publication on the rank to
+   arrival in the session's table, p50/p95 (target p95 <= 100 ms).
+
+    runuser -u alice -- /opt/jupyter-hpcdl/venv/bin/python benchmarks/training_user_model.py --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jupyter_hpcdl.training import TrainingSession
+
+SCRIPT = Path(__file__).resolve().parent / "keras_synthetic.py"
+
+
+def horovodrun(ranks: int, script_args: list[str]) -> float:
+    venv_bin = Path(sys.executable).parent
+    out = subprocess.run([str(venv_bin / "horovodrun"), "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}",
+                          sys.executable, str(SCRIPT), *script_args], capture_output=True, text=True, check=True,
+                         timeout=900, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+                                           "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}).stdout
+    line = [line for line in out.splitlines() if '"images_per_s"' in line][-1]  # "[0]<stdout>:{...}"
+    return json.loads(line[line.index("{"):])["images_per_s"]
+
+
+def through_run_script(session: TrainingSession, script_args: list[str]) -> float:
+    result = session.run_script(str(SCRIPT), script_args, echo=False)
+    line = [line for line in result.stdout[0].splitlines() if '"images_per_s"' in line][-1]
+    return json.loads(line)["images_per_s"]
+
+
+def synthetic_model(name: str, size: int):
+    def build():
+        import tensorflow as tf
+        model = getattr(tf.keras.applications, name)(weights=None, input_shape=(size, size, 3), classes=1000)
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss=tf.keras.losses.SparseCategoricalCrossentropy())
+        return model
+    return build
+
+
+def synthetic_data(batch: int, size: int):
+    def data(rank, world):
+        import tensorflow as tf
+        images = tf.random.uniform([batch, size, size, 3])
+        labels = tf.random.uniform([batch], maxval=1000, dtype=tf.int64)
+        return tf.data.Dataset.from_tensors((images, labels)).repeat()
+    return data
+
+
+def through_fit(session: TrainingSession, args) -> float:
+    session.setup(synthetic_model(args.model, args.image_size), synthetic_data(args.batch_size, args.image_size),
+                  batch_size=args.batch_size, steps_per_epoch=args.batches, scale_lr=True)
+    session.fit(epochs=1)  # warm-up: tracing, the first broadcast
+    result = session.fit(epochs=1)
+    return args.batches * args.batch_size * session.ranks / result.seconds
+
+
+def latency(ranks: int, poll: float) -> dict:
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with TrainingSession(ranks=ranks, where="local") as s:
+        s.setup(synthetic_model("MobileNetV2", 32), synthetic_data(4, 32), batch_size=4, steps_per_epoch=40)
+        s.fit(epochs=1, poll=poll)
+        s.fit(epochs=1, poll=poll)
+        lat = (s.metrics["arrived"] - s.metrics["time"]).dropna()
+    return {"ranks": ranks, "records": len(lat), "p50_ms": float(lat.quantile(0.5) * 1000),
+            "p95_ms": float(lat.quantile(0.95) * 1000)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--model", default="MobileNetV2")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--batches", type=int, default=30)
+    p.add_argument("--latency-ranks", type=int, default=8)
+    p.add_argument("--poll", type=float, default=0.05)
+    args = p.parse_args()
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    script_args = ["--model", args.model, "--batch-size", str(args.batch_size), "--image-size",
+                   str(args.image_size), "--batches", str(args.batches)]
+    rows = []
+    for r in range(args.rounds):
+        row: dict = {}
+        order = ("horovodrun", "session") if r % 2 == 0 else ("session", "horovodrun")
+        for which in order:
+            if which == "horovodrun":
+                row["horovodrun"] = horovodrun(args.ranks, script_args)
+            else:  # TF's own thread defaults, as under horovodrun
+                with TrainingSession(ranks=args.ranks, where="local", tf_threads=0) as s:
+                    row["run_script"] = through_run_script(s, script_args)
+                    row["fit"] = through_fit(s, args)
+        row["ratio_run_script"] = row["run_script"] / row["horovodrun"]
+        row["ratio_fit"] = row["fit"] / row["horovodrun"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    lat = latency(args.latency_ranks, args.poll) if args.latency_ranks else None
+    med = statistics.median
+    summary = {"model": args.model, "ranks": args.ranks, "batch_size": args.batch_size, "image_size": args.image_size,
+               "rounds": args.rounds, "horovodrun_images_per_s": med(r["horovodrun"] for r in rows),
+               "run_script_images_per_s": med(r["run_script"] for r in rows),
+               "fit_images_per_s": med(r["fit"] for r in rows),
+               "ratio_run_script_over_horovodrun": med(r["ratio_run_script"] for r in rows),
+               "ratio_fit_over_horovodrun": med(r["ratio_fit"] for r in rows), "metric_latency": lat,
+               "when": time.strftime("%Y-%m-%d %H:%M")}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
