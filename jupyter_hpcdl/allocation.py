@@ -53,6 +53,10 @@ def engine_srun_argv(ranks: int, nodes: int, image: str, connection_file: str, p
 
 
 SESSION_STATES = ("none", "starting", "idle", "training", "stopped", "failed", "walltime")
+#: A session not reported for this many seconds is forgotten (its kernel gone without saying "none", say) ...
+SESSION_KEEP_S = 3600.0
+#: ... and at most this many sessions are kept: beyond it, the least recently reported one is forgotten.
+MAX_SESSIONS = 32
 RANK_FIELDS = {"rank": int, "node": str, "gpu": str, "state": str, "straggler": bool, "loss": float,
                "samples_per_s": float}
 
@@ -131,6 +135,7 @@ class AllocationOwner:
             return {"in_job": False, "job_id": None,
                     "message": "Not in a batch job: this server runs outside Slurm, so training sessions start "
                                "their ranks as local engines on this machine."}
+        now = time.time()
         nodes = hostnames(self.environ.get("SLURM_JOB_NODELIST", ""))
         left = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%L|%P|%b"], capture_output=True, text=True)
         time_left, partition, gres = (left.stdout.strip().split("|") + ["", "", ""])[:3]
@@ -140,25 +145,45 @@ class AllocationOwner:
                 "time_left_s": parse_time_left(time_left),
                 "cuda_visible_devices": self.environ.get("CUDA_VISIBLE_DEVICES"),
                 "engine_steps": [{"pid": p.pid, "running": p.poll() is None} for p in self._steps],
-                **self.current_session()}
+                **self.current_session(now), "all_sessions": self.all_sessions(now)}
 
     def report(self, report: dict, now: float | None = None) -> None:
-        """Keep a kernel's session report; a closed session ("none") is forgotten."""
+        """Keep a kernel's session report; a closed session ("none") is forgotten. So that kernels that never say
+        "none" cannot grow it without bound, a session not reported for :data:`SESSION_KEEP_S` seconds is forgotten,
+        and at most :data:`MAX_SESSIONS` are kept (the least recently reported go first)."""
+        now = time.time() if now is None else now
         if report["session"] == "none":
             self.sessions.pop(report["id"], None)
         else:
-            self.sessions[report["id"]] = (time.time() if now is None else now, report)
+            self.sessions[report["id"]] = (now, report)
+        for session_id, (when, _) in list(self.sessions.items()):
+            if now - when > SESSION_KEEP_S:
+                del self.sessions[session_id]
+        while len(self.sessions) > MAX_SESSIONS:
+            del self.sessions[min(self.sessions, key=lambda session_id: self.sessions[session_id][0])]
+
+    def all_sessions(self, now: float | None = None, stale_after: float = 30.0) -> list[dict]:
+        """Every kept session, the most recently reported first: its id, state, ranks, message (or None) and when
+        it was reported (seconds since the epoch). One reported as training but silent for ``stale_after`` seconds
+        (its kernel gone, say) is shown as "stale"; one silent for :data:`SESSION_KEEP_S` seconds is left out (and
+        forgotten at the next report)."""
+        now = time.time() if now is None else now
+        kept = sorted((item for item in self.sessions.values() if now - item[0] <= SESSION_KEEP_S),
+                      key=lambda item: item[0], reverse=True)
+        return [{"id": report["id"],
+                 "session": "stale" if report["session"] == "training" and now - when > stale_after
+                 else report["session"],
+                 "ranks": report["ranks"], "message": report.get("message"), "reported_at": when}
+                for when, report in kept]
 
     def current_session(self, now: float | None = None, stale_after: float = 30.0) -> dict:
-        """The most recently reported session. One reported as training but silent for ``stale_after`` seconds
-        (its kernel gone, say) is shown as "stale"."""
-        if not self.sessions:
+        """The most recently reported session (as :meth:`all_sessions` gives it), and how many sessions there are."""
+        sessions = self.all_sessions(now, stale_after)
+        if not sessions:
             return {"session": "none", "ranks": []}
-        when, report = max(self.sessions.values(), key=lambda item: item[0])
-        now = time.time() if now is None else now
-        state = "stale" if report["session"] == "training" and now - when > stale_after else report["session"]
-        return {"session": state, "ranks": report["ranks"], "sessions": len(self.sessions),
-                "message": report.get("message")}
+        newest = sessions[0]
+        return {"session": newest["session"], "ranks": newest["ranks"], "sessions": len(sessions),
+                "message": newest["message"]}
 
     def start_engines(self, ranks: int, image: str, connection_file: str, gpus_per_rank: int = 0,
                       mpi: bool = False) -> dict:

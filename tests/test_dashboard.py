@@ -4,6 +4,7 @@ Jupyter server (authenticated; outside a batch job it says so)."""
 import json
 import os
 import re
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -12,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from jupyter_hpcdl.allocation import AllocationOwner, handle, parse_time_left, session_report
+from jupyter_hpcdl.allocation import (MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, parse_time_left,
+                                      session_report)
 from jupyter_hpcdl.jobvalues import gres_count
 from jupyter_hpcdl.dashboard.series import (batches_per_epoch, epoch_progress, parse_rank_counts, rank_series,
                                             rank_table_html)
@@ -76,6 +78,70 @@ def test_owner_keeps_each_kernels_report_and_refuses_bad_ones():
     outside = handle(owner, "GET", "/allocation", {})[1]
     assert outside["in_job"] is False and "Not in a batch job" in outside["message"]
 
+
+
+def test_owner_lists_every_session_newest_first():
+    owner, t = AllocationOwner(environ={}), 1_000_000.0
+    assert owner.all_sessions(now=t) == []
+    owner.report(session_report({"id": "a", "session": "training", "ranks": [{"rank": 0, "node": "node1"}]}), now=t)
+    owner.report(session_report({"id": "b", "session": "idle", "ranks": [{"rank": 0}, {"rank": 1}],
+                                 "message": "ready"}), now=t + 5)
+    listed = owner.all_sessions(now=t + 10)
+    assert [s["id"] for s in listed] == ["b", "a"], "the most recently reported first"
+    assert listed[0] == {"id": "b", "session": "idle", "ranks": listed[0]["ranks"], "message": "ready",
+                         "reported_at": t + 5}
+    assert [r["rank"] for r in listed[0]["ranks"]] == [0, 1] and listed[1]["ranks"][0]["node"] == "node1"
+    assert listed[1]["message"] is None and listed[1]["session"] == "training"
+    newest = owner.current_session(now=t + 10)
+    assert (newest["session"], newest["sessions"], newest["message"]) == ("idle", 2, "ready"), "as before: the newest"
+
+    # a silent "training" is stale, in the list as in current_session; other states stay as they were said
+    assert [s["session"] for s in owner.all_sessions(now=t + 31)] == ["idle", "stale"]
+    assert [s["session"] for s in owner.all_sessions(now=t + 40, stale_after=60)] == ["idle", "training"]
+
+    owner.report(session_report({"id": "a", "session": "training", "ranks": []}), now=t + 20)  # a reports again
+    assert [s["id"] for s in owner.all_sessions(now=t + 21)] == ["a", "b"]
+    owner.report(session_report({"id": "a", "session": "none"}), now=t + 22)  # kernel a closed its session
+    assert [s["id"] for s in owner.all_sessions(now=t + 23)] == ["b"]
+    owner.report(session_report({"id": "b", "session": "none"}), now=t + 24)
+    assert owner.all_sessions(now=t + 25) == [] and owner.current_session(now=t + 25) == {"session": "none",
+                                                                                          "ranks": []}
+
+
+def test_owner_keeps_a_bounded_number_of_sessions():
+    owner, t = AllocationOwner(environ={}), 1_000_000.0
+    for i in range(MAX_SESSIONS + 5):  # kernels that never say "none"
+        owner.report(session_report({"id": f"k{i}", "session": "idle", "ranks": []}), now=t + i)
+    listed = owner.all_sessions(now=t + MAX_SESSIONS + 5)
+    assert len(owner.sessions) == len(listed) == MAX_SESSIONS, "the least recently reported are forgotten"
+    assert listed[0]["id"] == f"k{MAX_SESSIONS + 4}" and listed[-1]["id"] == "k5"
+
+    # a session silent for longer than SESSION_KEEP_S is no longer listed, and is forgotten at the next report
+    late = t + MAX_SESSIONS + 4 + SESSION_KEEP_S + 1
+    assert owner.all_sessions(now=late) == [] and owner.current_session(now=late)["session"] == "none"
+    owner.report(session_report({"id": "new", "session": "starting", "ranks": []}), now=late)
+    assert list(owner.sessions) == ["new"]
+    assert [s["id"] for s in owner.all_sessions(now=late)] == ["new"]
+
+
+def test_owner_describes_every_session_beside_the_newest(monkeypatch):
+    owner = AllocationOwner(environ={"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-2]"})
+    monkeypatch.setattr("jupyter_hpcdl.allocation.hostnames", lambda nodelist: ["node1", "node2"])
+
+    def squeue(argv, **kwargs):
+        assert argv[0] == "squeue"
+        return subprocess.CompletedProcess(argv, 0, "0:29:10|gpu|gpu:1\n", "")
+
+    monkeypatch.setattr("jupyter_hpcdl.allocation.subprocess.run", squeue)
+    assert owner.describe()["all_sessions"] == [] and owner.describe()["session"] == "none"
+    now = time.time()
+    owner.report(session_report({"id": "a", "session": "idle", "ranks": [{"rank": 0}]}), now=now - 2)
+    owner.report(session_report({"id": "b", "session": "training", "ranks": [{"rank": 0}, {"rank": 1}]}), now=now)
+    body = json.loads(json.dumps(handle(owner, "GET", "/allocation", {})[1]))
+    assert body["in_job"] is True and body["job_id"] == "42" and body["time_left_s"] == 29 * 60 + 10
+    assert (body["session"], len(body["ranks"]), body["sessions"]) == ("training", 2, 2), "unchanged: the newest"
+    assert [(s["id"], s["session"], len(s["ranks"])) for s in body["all_sessions"]] == [("b", "training", 2),
+                                                                                        ("a", "idle", 1)]
 
 def _frame(records):
     return pd.DataFrame(records, columns=["rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s"])

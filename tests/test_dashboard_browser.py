@@ -119,9 +119,11 @@ def test_in_alices_job_the_panel_shows_the_allocation_and_the_ranks(bed, alice, 
 
         _open_dashboard(page, re.compile(r"container\) \| Idle"))
         _train_and_watch_charts_update(page, epochs=30, timeout=300)
-        ranks = page.locator(".jp-hpcdl-ranks tr[data-rank]")  # what the notebook's session told the owner
-        page.wait_for_function("document.querySelectorAll('.jp-hpcdl-ranks tr[data-rank]').length == 2",
+        newest = ".jp-hpcdl-session-block:first-child"  # a block per session, the most recently reported first
+        ranks = page.locator(f"{newest} .jp-hpcdl-ranks tr[data-rank]")  # what the notebook's session told the owner
+        page.wait_for_function(f"document.querySelectorAll('{newest} .jp-hpcdl-ranks tr[data-rank]').length == 2",
                                timeout=30_000)
+        assert page.get_attribute(newest, "data-session-id"), "each block names its session"
         assert {ranks.nth(i).inner_text().split()[1] for i in range(2)} == {"node1", "node2"}
         page.screenshot(path=str(SHOTS / "12-panel-in-job.png"))
         page.locator(".hpcdl-dashboard .hpcdl-status", has_text="done: 30 epochs").wait_for(timeout=300_000)

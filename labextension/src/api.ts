@@ -26,6 +26,15 @@ export interface IRank {
   samples_per_s: number | null;
 }
 
+/** One training session a kernel of the job reported. */
+export interface ISession {
+  id: string;
+  session: SessionState;
+  ranks: IRank[];
+  /** What the session said last (e.g. where it checkpointed before the walltime), or null. */
+  message: string | null;
+}
+
 /** The server's answer outside a batch job. */
 export interface INotInJob {
   in_job: false;
@@ -48,6 +57,8 @@ export interface IInJob {
   session: SessionState;
   /** What the session said last (e.g. where it checkpointed before the walltime), or null. */
   session_message: string | null;
+  /** Every active session of the job, newest first (the fields above are the first one's). */
+  sessions: ISession[];
 }
 
 export type Allocation = INotInJob | IInJob;
@@ -94,6 +105,18 @@ export async function fetchAllocation(
       message: String(body.message ?? 'Not in a batch job.')
     };
   }
+  const ranks = Array.isArray(body.ranks) ? body.ranks.map(toRank) : [];
+  const session = toState(body.session);
+  const sessionMessage = optString(body.message);
+  let sessions: ISession[];
+  if (Array.isArray(body.all_sessions)) {
+    sessions = body.all_sessions.map(toSession);
+  } else if (session !== 'none' || ranks.length > 0) {
+    // an older server: only its most recently reported session
+    sessions = [{ id: '', session, ranks, message: sessionMessage }];
+  } else {
+    sessions = [];
+  }
   return {
     in_job: true,
     job_id: String(body.job_id ?? ''),
@@ -103,9 +126,24 @@ export async function fetchAllocation(
     gres: optString(body.gres),
     time_left: optString(body.time_left),
     time_left_s: optNumber(body.time_left_s),
-    ranks: Array.isArray(body.ranks) ? body.ranks.map(toRank) : [],
-    session: (optString(body.session) ?? 'none') as SessionState,
-    session_message: optString(body.message)
+    ranks,
+    session,
+    session_message: sessionMessage,
+    sessions
+  };
+}
+
+function toState(raw: unknown): SessionState {
+  return (optString(raw) ?? 'none') as SessionState;
+}
+
+function toSession(raw: unknown): ISession {
+  const s = isObject(raw) ? raw : {};
+  return {
+    id: String(s.id ?? ''),
+    session: toState(s.session),
+    ranks: Array.isArray(s.ranks) ? s.ranks.map(toRank) : [],
+    message: optString(s.message)
   };
 }
 

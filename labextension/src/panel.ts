@@ -3,7 +3,7 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { IInJob, IRank } from './api';
+import { IInJob, IRank, ISession } from './api';
 import { AllocationModel, timeLeftText } from './model';
 
 /** Below this many seconds the walltime left is shown as a warning. */
@@ -72,32 +72,51 @@ export class AllocationPanel extends Widget {
   private _renderJob(job: IInJob): void {
     const list = document.createElement('dl');
     list.className = 'jp-hpcdl-facts';
-    const fact = (label: string, cls: string, value: string, title = '') => {
-      const dt = document.createElement('dt');
-      dt.textContent = label;
-      const dd = document.createElement('dd');
-      dd.className = cls;
-      dd.textContent = value;
-      if (title) {
-        dd.title = title;
-      }
-      list.append(dt, dd);
-      return dd;
-    };
+    const fact = (label: string, cls: string, value: string, title = '') =>
+      addFact(list, label, cls, value, title);
     fact('Job', 'jp-hpcdl-job-id', job.job_id);
     fact('Partition', 'jp-hpcdl-partition', job.partition ?? '–');
     fact('Nodes', 'jp-hpcdl-nodes', job.nodes.join(', ') || '–');
     fact('GPUs', 'jp-hpcdl-gpus', gpusText(job), job.gres ? `gres ${job.gres}` : '');
     this._timeLeft = fact('Time left', 'jp-hpcdl-time-left', '');
-    fact('Session', 'jp-hpcdl-session', job.session);
-    if (job.session_message) {
-      this._body.append(para('jp-hpcdl-session-message', job.session_message));
+    this._body.append(list);
+    if (job.sessions.length === 0) {
+      fact('Session', 'jp-hpcdl-session', 'none');
+      this._body.append(this._ranksWrap([]));
+    } else {
+      const sessions = document.createElement('div');
+      sessions.className = 'jp-hpcdl-sessions';
+      sessions.append(...job.sessions.map(s => this._sessionBlock(s)));
+      this._body.append(sessions);
     }
-    const ranks = document.createElement('div');
-    ranks.className = 'jp-hpcdl-ranks-wrap'; // scrolls sideways in a narrow sidebar
-    ranks.append(this._ranksTable(job.ranks));
-    this._body.append(list, ranks);
     this._tick();
+  }
+
+  /** One session: its state, what it said last, and its own ranks. */
+  private _sessionBlock(session: ISession): HTMLDivElement {
+    const block = document.createElement('div');
+    block.className = 'jp-hpcdl-session-block';
+    block.dataset.sessionId = session.id;
+    const list = document.createElement('dl');
+    list.className = 'jp-hpcdl-facts';
+    addFact(list, 'Session', 'jp-hpcdl-session', session.session);
+    if (session.id) {
+      // as in the names of its walltime checkpoints
+      addFact(list, 'Id', 'jp-hpcdl-session-id', session.id.slice(0, 12), session.id);
+    }
+    block.append(list);
+    if (session.message) {
+      block.append(para('jp-hpcdl-session-message', session.message));
+    }
+    block.append(this._ranksWrap(session.ranks));
+    return block;
+  }
+
+  private _ranksWrap(ranks: IRank[]): HTMLDivElement {
+    const wrap = document.createElement('div');
+    wrap.className = 'jp-hpcdl-ranks-wrap'; // scrolls sideways in a narrow sidebar
+    wrap.append(this._ranksTable(ranks));
+    return wrap;
   }
 
   private _ranksTable(ranks: IRank[]): HTMLTableElement {
@@ -179,6 +198,26 @@ export function gpusText(job: IInJob): string {
     return 'none';
   }
   return `${per} × ${n} = ${per * n}`;
+}
+
+/** A label and its value in a list of facts; returns the value's element. */
+function addFact(
+  list: HTMLDListElement,
+  label: string,
+  cls: string,
+  value: string,
+  title = ''
+): HTMLElement {
+  const dt = document.createElement('dt');
+  dt.textContent = label;
+  const dd = document.createElement('dd');
+  dd.className = cls;
+  dd.textContent = value;
+  if (title) {
+    dd.title = title;
+  }
+  list.append(dt, dd);
+  return dd;
 }
 
 function para(cls: string, text: string): HTMLParagraphElement {
