@@ -31,7 +31,7 @@ from ..allocation import request
 from ..newjob import NewAllocation, engines_job_template
 from . import rank as rank_side
 from . import scripts as script_side
-from .experiments import plot_scaling, run_scaling  # noqa: F401 - plot_scaling: the dashboard's
+from .experiments import run_scaling
 from .joining import check_one_world, gloo_envs, mpi_envs
 from .metrics import MetricsTable, rank_rows, straggler_ranks
 from .placement import (PLACES, Placement, PlacementOptions, container_engine_cmd, owner_socket, placement_for,
@@ -182,7 +182,7 @@ class TrainingSession:
             self.ranks, self.start_timeout, self._dir, self.image, self.controller_ip, self.engine_cmd,
             self.world_kind == "mpi", self.new_allocation))
         try:
-            engines = self._placement.start(self._watch, self._get_before_world)
+            engines = self._placement.start(self._watch, self._get)
             self._client = self._placement.client
             if self.world_kind == "gloo":
                 self._rendezvous, envs = gloo_envs(engines, self.ranks, self.iface)
@@ -209,10 +209,6 @@ class TrainingSession:
         register_cell_magic(self)  # %%ranks runs a cell on this session's ranks
         self._report("idle")
         return self.world
-
-    def _get_before_world(self, ar, what: str, timeout: float):
-        """A wait on engines before the world exists (placement): a timeout names what did not finish."""
-        return self._get(ar, what, timeout)
 
     def _watch(self) -> None:
         """A reaper that ends the ranks, the controller and a job of the ranks if this kernel dies unclosed."""
