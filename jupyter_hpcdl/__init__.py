@@ -1,7 +1,14 @@
 """jupyter-hpcdl: interactive distributed deep learning on HPC clusters."""
-from importlib.metadata import PackageNotFoundError, version as _version
 
-try:
-    __version__ = _version("jupyter-hpcdl")  # one version: labextension/package.json, read at build time
-except PackageNotFoundError:  # a source checkout that was never installed
-    __version__ = "0+unknown"
+
+def __getattr__(name: str):
+    """``__version__``, read from the installed metadata only when asked (the package's command-line tools start
+    often, in every container start: scanning the metadata there would cost each of them)."""
+    if name != "__version__":
+        raise AttributeError(f"module 'jupyter_hpcdl' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jupyter-hpcdl")  # one version: labextension/package.json, read at build time
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "0+unknown"

@@ -123,3 +123,52 @@ def test_variables_passed_by_prefix_are_the_set_ones_with_valid_names():
     assert names_with_prefixes(env, []) == []
     with pytest.raises(InvalidSpec, match="prefix"):
         names_with_prefixes(env, ["PMIX;"])
+
+
+# -- the fast path's plan and its choice per node (pure) ----------------------------------------------------------------
+def test_userns_plan_binds_what_udocker_binds_and_keeps_env_values_off_the_argv():
+    from jupyter_hpcdl.containers.spec import build_userns_plan
+
+    spec = check_run_spec(RunSpec("c1", ["python3", "-c", "print(1)"], mounts=[Mount("/scratch/data", "/data")],
+                                  env_names=["SECRET", "UNSET"], env_files=["/home/alice/e.env"], workdir="/data",
+                                  cpuset="0,2-3"), POLICY)
+    plan = build_userns_plan(spec, "/u/c1/ROOT", ["PATH=/venv/bin:/usr/bin", "LANG=C.UTF-8"], {"SECRET": "s3", "TERM": "xterm"},
+                             {"/home/alice/e.env": "# mine\nMY=1\n"}, ["/etc/hosts"], "/home/alice", 1001, 1001, "alice",
+                             exists=lambda p: p != "/lib/modules")
+    targets = [b["target"] for b in plan["binds"]]
+    assert targets == ["/dev", "/proc", "/sys", "/etc/resolv.conf", "/etc/host.conf", "/etc/hosts", "/etc/passwd",
+                       "/etc/group", "/home/alice", "/data"]
+    assert [b for b in plan["binds"] if b.get("readonly")] == [
+        {"source": "/etc/passwd", "target": "/etc/passwd", "readonly": True},
+        {"source": "/etc/group", "target": "/etc/group", "readonly": True}]
+    assert plan["env"] == {"PATH": "/venv/bin:/usr/bin", "LANG": "C.UTF-8", "TERM": "xterm", "HOME": "/home/alice",
+                           "USER": "alice", "LOGNAME": "alice", "USERNAME": "alice", "SECRET": "s3", "MY": "1"}
+    assert (plan["uid"], plan["gid"], plan["workdir"], plan["cpus"]) == (1001, 1001, "/data", [0, 2, 3])
+    assert plan["argv"] == ["python3", "-c", "print(1)"] and "s3" not in " ".join(plan["argv"])
+
+
+def test_userns_plan_never_changes_who_runs():
+    from jupyter_hpcdl.containers.spec import build_userns_plan
+
+    with pytest.raises(InvalidSpec, match="the fast path runs as you"):
+        build_userns_plan(RunSpec("c1", ["true"], user="root"), "/r", [], {}, {}, [], "/home/alice", 1001, 1001,
+                          "alice")
+
+
+def test_the_choice_per_node_is_cached_and_the_site_decides(tmp_path):
+    from jupyter_hpcdl.containers.fastpath import decide
+
+    calls = []
+
+    def prober(root, env):
+        calls.append(root)
+        return False, "unshare(user and mount namespaces): Operation not permitted (errno 1)"
+
+    assert decide("off", "/r", str(tmp_path), {}, prober).mode == "P1" and calls == []
+    first = decide("auto", "/r", str(tmp_path), {}, prober)
+    again = decide("auto", "/r", str(tmp_path), {}, prober)
+    assert (first.mode, again.mode, len(calls)) == ("P1", "P1", 1), "the probe was not cached"
+    with pytest.raises(ModeNotSupported, match="does not run on this node: unshare"):
+        decide("userns", "/r", str(tmp_path), {}, prober)
+    with pytest.raises(ModeNotSupported, match="fast_path must be one of auto, userns, off"):
+        decide("fast", "/r", str(tmp_path), {}, prober)

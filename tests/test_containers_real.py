@@ -1,5 +1,6 @@
-"""The container layer against real udocker (offline tools, P1): catalogue, containers created once, environment by
-name, whole-tree stop, and a clear error for each bad input before anything starts."""
+"""The container layer against real udocker (offline tools): catalogue, containers created once, environment by
+name, whole-tree stop, and a clear error for each bad input before anything starts — each run twice: on the fast
+path (user namespaces, no ptrace) and in P1 (the fast path turned off by the site's configuration)."""
 import glob
 import os
 import subprocess
@@ -17,16 +18,20 @@ pytestmark = pytest.mark.testbed
 IMAGE = "test/os:1"
 
 
-def _client(bed, repo, tools_dir=None, policy=None, **env):
+def _client(bed, repo, tools_dir=None, policy=None, fast_path="auto", **env):
     install = UdockerInstall(executable=f"{bed['venv']}/bin/udocker", udocker_dir=str(repo), allow_root=True,
                              tools_dir=tools_dir or f"{bed['prefix']}/udocker-tools")
-    return Udocker(install, policy or SitePolicy(allowed_mount_roots=("/tmp",)), environ={**os.environ, **env})
+    return Udocker(install, policy or SitePolicy(allowed_mount_roots=("/tmp",), fast_path=fast_path),
+                   environ={**os.environ, **env})
 
 
-@pytest.fixture(scope="module")
-def ud(bed, tmp_path_factory):
+MODES = {"userns": "userns", "off": "P1"}  # the site's fast_path -> the mode the containers run in
+
+
+@pytest.fixture(scope="module", params=sorted(MODES))
+def ud(bed, tmp_path_factory, request):
     repo = tmp_path_factory.mktemp("udocker")
-    client = _client(bed, repo, SECRET_TOKEN="s3cret-value-42", CUDA_VISIBLE_DEVICES="1,3")
+    client = _client(bed, repo, fast_path=request.param, SECRET_TOKEN="s3cret-value-42", CUDA_VISIBLE_DEVICES="1,3")
     os_tar = sorted(glob.glob(f"{bed['cache']}/image/os-*.tar"))[0]
     client.import_tarball(os_tar, IMAGE)
     return client
@@ -62,6 +67,47 @@ def test_run_passes_environment_by_name_never_on_a_command_line(ud, container):
         proc.stop()
     assert out.strip() == "s3cret-value-42 1,3"
     assert proc._private_dir is None, "the private env-file was not removed"
+
+
+def test_the_mode_it_runs_in_is_the_sites_and_said_inside(ud, container):
+    r = ud.run(RunSpec(container, ["sh", "-c", 'echo "$HPCDL_CONTAINER_MODE"']), timeout=60)
+    assert r.stdout.strip() == MODES[ud.policy.fast_path] == ud.mode_for(container).mode
+
+
+def test_stdout_and_stderr_stay_apart_and_the_exit_code_is_the_commands(ud, container):
+    r = ud.run(RunSpec(container, ["sh", "-c", "echo out; echo err >&2; exit 3"]), timeout=60)
+    assert (r.returncode, r.stdout, r.stderr.strip().splitlines()[-1:]) == (3, "out\n", ["err"])
+    missing = ud.run(RunSpec(container, ["no-such-command"]), timeout=60)
+    assert "no-such-command" in missing.stderr  # 127 as a shell says it on the fast path; udocker's P1 says 2
+    assert missing.returncode == {"userns": 127, "P1": 2}[MODES[ud.policy.fast_path]]
+
+
+def test_the_users_own_uid_and_loopback_tcp_inside(ud, container):
+    import socket
+    r = ud.run(RunSpec(container, ["id", "-u"]), timeout=60)
+    assert r.stdout.strip() == str(os.getuid())
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        proc = ud.start(RunSpec(container, ["python3", "-c", "import socket,sys; s=socket.create_connection(('127.0.0.1',"
+                                            f" {port}), timeout=20); s.sendall(b'hi from inside'); s.close()"]))
+        server.settimeout(60)
+        conn, _ = server.accept()
+        with conn:
+            assert conn.recv(100) == b"hi from inside"
+        assert proc.wait(60) == 0
+
+
+def test_a_signal_reaches_the_command_and_its_exit_code_comes_back(ud, container):
+    proc = ud.start(RunSpec(container, ["sh", "-c", "trap 'echo got TERM; exit 9' TERM; echo ready; "
+                                                    "while :; do sleep 0.1; done"]),
+                    stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.popen.stdout.readline().strip() == "ready"
+        assert proc.signal_payload(15) >= 1
+        assert proc.wait(30) == 9
+        assert proc.popen.stdout.read().strip() == "got TERM"
+    finally:
+        proc.stop()
 
 
 def test_mounts_workdir_and_exit_status(ud, container, tmp_path_factory):
@@ -142,3 +188,60 @@ def test_remove_container_and_image(bed, tmp_path):
     client.remove_container(name)
     client.remove_image("test/rm:latest")
     assert client.containers() == [] and client.images() == []
+
+
+IN_A_CHROOT = r"""
+import json, os, sys
+from jupyter_hpcdl.containers.spec import RunSpec, SitePolicy, UdockerInstall
+from jupyter_hpcdl.containers.udocker import Udocker
+bed, repo, name, fast_path = sys.argv[1:5]
+bed = json.loads(bed)
+install = UdockerInstall(executable=bed["venv"] + "/bin/udocker", udocker_dir=repo, allow_root=True,
+                         tools_dir=bed["prefix"] + "/udocker-tools")
+ud = Udocker(install, SitePolicy(allowed_mount_roots=("/tmp",), fast_path=fast_path))
+try:
+    r = ud.run(RunSpec(name, ["sh", "-c", 'echo "$HPCDL_CONTAINER_MODE"; exit 5']), timeout=60)
+    print(json.dumps({"rc": r.returncode, "out": r.stdout, "err": r.stderr, "mode": ud.mode_for(name).mode}))
+except Exception as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+"""
+
+
+def _in_a_chroot(bed, tmp_path, repo, name, fast_path):
+    """Run a container start from inside a chroot (a bind of / in a private mount namespace): the kernel refuses
+    user namespaces to a chrooted process, as it does inside many containers."""
+    import json
+    top = tmp_path / "chroot"
+    top.mkdir(exist_ok=True)
+    script = (f"mount --rbind / {top} && exec chroot {top} {bed['venv']}/bin/python -c \"$0\" \"$@\"")
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, IN_A_CHROOT,
+                          json.dumps({k: bed[k] for k in ("venv", "prefix")}), str(repo), name, fast_path],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "said": out.stderr}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a chroot for the test needs root")
+def test_where_user_namespaces_are_refused_p1_runs_and_a_failure_midway_falls_back_saying_so(bed, tmp_path):
+    """auto: where the kernel refuses user namespaces (here: a chrooted caller, as inside many containers) the
+    probe picks P1 and says why; a node whose cached answer was 'userns' but that fails at start falls back to P1
+    with a message, and remembers; a site that forces the fast path gets an error instead."""
+    from jupyter_hpcdl.containers.fastpath import cache_file, read_cached, cache_key
+
+    repo = tmp_path / "repo"
+    client = _client(bed, repo, fast_path="auto")
+    client.import_tarball(sorted(glob.glob(f"{bed['cache']}/image/os-*.tar"))[0], IMAGE)
+    name = client.ensure_container(IMAGE)
+    assert client.mode_for(name).mode == "userns"  # probed outside the chroot: this machine has them
+    fell_back = _in_a_chroot(bed, tmp_path, repo, name, "auto")
+    assert (fell_back["rc"], fell_back["out"].strip(), fell_back["mode"]) == (5, "P1", "P1"), fell_back
+    assert "the fast path failed on this node (unshare" in fell_back["said"], fell_back  # the caller's stderr
+    assert "running in P1 instead" in fell_back["said"]
+    assert read_cached(cache_file(str(repo)), cache_key()).mode == "P1", "the failure was not remembered"
+    os.unlink(cache_file(str(repo)))
+    probed = _in_a_chroot(bed, tmp_path, repo, name, "auto")
+    assert (probed["out"].strip(), probed["mode"]) == ("P1", "P1") and "failed" not in probed["said"], probed
+    assert "unshare" in read_cached(cache_file(str(repo)), cache_key()).reason
+    os.unlink(cache_file(str(repo)))
+    forced = _in_a_chroot(bed, tmp_path, repo, name, "userns")
+    assert "the site asks for the fast path, but it does not run on this node" in forced.get("error", ""), forced

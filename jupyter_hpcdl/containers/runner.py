@@ -18,9 +18,11 @@ import psutil
 class ContainerProcess:
     """A started ``udocker run``; use as a context manager or call :meth:`stop`."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], private_dir: str | None = None, **popen_kwargs):
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], private_dir: str | None = None,
+                 mode: str = "P1", **popen_kwargs):
         self.argv = list(argv)
         self._private_dir = private_dir
+        self.mode = mode  # the fast path's process becomes the command itself: no engine between
         self.popen = subprocess.Popen(self.argv, env=dict(env), start_new_session=True, **popen_kwargs)
 
     @property
@@ -63,6 +65,12 @@ class ContainerProcess:
     def signal_payload(self, sig: int) -> int:
         """Send ``sig`` to the processes running inside the container (below the engine, e.g. proot), not to
         udocker or the engine: an interrupt reaches the kernel without ending the container. Returns how many."""
+        if self.mode == "userns":
+            try:
+                os.kill(self.pid, sig)
+                return 1
+            except ProcessLookupError:
+                return 0
         tree = self._tree()
         engines = [p for p in tree if _name(p).startswith(("proot", "runc"))]
         targets = [c for e in engines[:1] for c in _children(e)] if engines else tree

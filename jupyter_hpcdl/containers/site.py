@@ -10,7 +10,7 @@ from traitlets import Bool, List, Unicode, validate
 from traitlets.config import Configurable
 from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
 
-from .spec import DEFAULT_MODES, MODE_NOTES, SitePolicy, UdockerInstall
+from .spec import DEFAULT_MODES, FAST_PATH_CHOICES, MODE_NOTES, SitePolicy, UdockerInstall
 from .udocker import Udocker
 
 SITE_CONFIG_ENV = "HPCDL_SITE_CONFIG"
@@ -36,7 +36,17 @@ class ContainerSite(Configurable):
         Unicode(), ["/etc/hosts"], help="Host files bound into every container at the same path (site-controlled)."
     ).tag(config=True)
     registry = Unicode(None, allow_none=True, help="The site's image registry URL, e.g. http://127.0.0.1:5000").tag(config=True)
+    fast_path = Unicode(
+        "auto", help="Containers without ptrace where the node allows unprivileged user namespaces: 'auto' (probe "
+                     "each node once, P1 where it fails), 'userns' (always: an error where it can't run), 'off' (P1).",
+    ).tag(config=True)
     allow_root = Bool(False, help="Pass --allow-root to udocker (test beds that run as root).").tag(config=True)
+
+    @validate("fast_path")
+    def _known_fast_path(self, proposal):
+        if proposal["value"] not in FAST_PATH_CHOICES:
+            raise ValueError(f"fast_path must be one of {', '.join(FAST_PATH_CHOICES)}")
+        return proposal["value"]
 
     @validate("allowed_modes")
     def _known_modes(self, proposal):
@@ -51,7 +61,7 @@ class ContainerSite(Configurable):
 
     def policy(self) -> SitePolicy:
         return SitePolicy(allowed_mount_roots=tuple(self.allowed_mounts), allowed_modes=tuple(self.allowed_modes),
-                          system_mounts=tuple(self.system_mounts))
+                          system_mounts=tuple(self.system_mounts), fast_path=self.fast_path)
 
     def client(self, environ=None) -> Udocker:
         return Udocker(self.install(), self.policy(), environ)

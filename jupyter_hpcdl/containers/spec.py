@@ -24,6 +24,15 @@ MODE_NOTES: dict[str, str] = {
     "S1": "singularity/apptainer: not installed",
 }
 DEFAULT_MODES: tuple[str, ...] = ("P1", "P2")
+#: The fast path (no ptrace: an unprivileged user namespace on the container udocker prepared; see nsexec.py) and
+#: what a site may say about it: "auto" (probe each node, P1 where it fails), "userns" (always; fail if it can't),
+#: "off" (never).
+FAST_MODE = "userns"
+FAST_PATH_CHOICES: tuple[str, ...] = ("auto", "userns", "off")
+#: Host paths every udocker run binds by default (udocker's sysdirs), bound by the fast path too where they exist.
+SYSTEM_DIRS: tuple[str, ...] = ("/dev", "/proc", "/sys", "/etc/resolv.conf", "/etc/host.conf", "/lib/modules")
+#: udocker's PATH for images that set none.
+DEFAULT_PATH = "/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
 
 _CONTAINER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # repository[:tag]; repository is lower-case path components as in Docker references.
@@ -89,6 +98,7 @@ class SitePolicy:
     #: Host files every container gets, set by the site (not users): /etc/hosts so that node names resolve inside.
     system_mounts: Sequence[str] = ("/etc/hosts",)
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
+    fast_path: str = "auto"
 
     def roots(self) -> list[str]:
         return [os.path.normpath(self.home + r[1:] if r.startswith("~") else r) for r in self.allowed_mount_roots]
@@ -264,3 +274,56 @@ def container_name_for(image: str, image_id: str) -> str:
     container, and the same content always finds the one already created."""
     slug = re.sub(r"[^A-Za-z0-9_.-]", "_", check_image_ref(image))
     return check_container_name(f"hpcdl-{slug[:80]}-{image_id[:12]}")
+
+
+def parse_env_lines(text: str) -> dict[str, str]:
+    """``NAME=value`` lines (an env-file, udocker's format) as a mapping; blank lines and ``#`` comments skipped."""
+    env = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not _ENV_NAME.match(name):
+            raise InvalidSpec(f"env-file line {line[:40]!r} is not NAME=value")
+        env[name] = value
+    return env
+
+
+def build_userns_plan(spec: RunSpec, root: str, image_env: Sequence[str], environ: Mapping[str, str],
+                      env_files: Mapping[str, str], system_mounts: Sequence[str], home: str, uid: int, gid: int,
+                      user: str, exists=os.path.lexists) -> dict:
+    """What :mod:`.nsexec` needs to run a validated ``spec`` on the container root ``root`` the way ``udocker
+    run`` would: udocker's system directories, the site's system mounts, the home (``bind_home``), the host's
+    passwd and group read-only (``hostauth``), the user's allowed mounts; the image's environment, then the user's
+    names and env-files (``env_files``: path -> its text), ``HOME``/``USER``; the user's own uid and gid.
+    ``spec.user`` other than the caller is refused: the fast path never changes who runs."""
+    if spec.user not in (None, user, str(uid), f"{uid}:{gid}"):
+        raise InvalidSpec(f"the fast path runs as you ({user}); user {spec.user!r} needs a P mode")
+    binds = [{"source": d, "target": d, "required": d in ("/dev", "/proc", "/sys")} for d in SYSTEM_DIRS
+             if exists(d) or d in ("/dev", "/proc", "/sys")]
+    binds += [{"source": _check_path(p, "system mount"), "target": p} for p in system_mounts]
+    if spec.hostauth:
+        binds += [{"source": f, "target": f, "readonly": True} for f in ("/etc/passwd", "/etc/group") if exists(f)]
+    if spec.bind_home:
+        binds.append({"source": home, "target": home})
+    binds += [{"source": m.host_path, "target": m.target} for m in spec.mounts]
+    env = dict(e.split("=", 1) for e in image_env if "=" in e)
+    env.setdefault("PATH", DEFAULT_PATH)
+    if "TERM" in environ:
+        env["TERM"] = environ["TERM"]
+    env.update(HOME=home, USER=user, LOGNAME=user, USERNAME=user)
+    for name in spec.env_names:
+        if name in environ:
+            env[name] = environ[name]
+    for path in spec.env_files:
+        env.update(parse_env_lines(env_files[path]))
+    plan = {"root": root, "uid": uid, "gid": gid, "binds": binds, "env": env, "argv": list(spec.command),
+            "workdir": spec.workdir or (home if spec.bind_home else "/")}
+    if spec.cpuset:
+        plan["cpus"] = sorted({c for part in spec.cpuset.split(",") for c in _cpu_range(part)})
+    return plan
+
+
+def _cpu_range(part: str) -> range:
+    first, _, last = part.partition("-")
+    return range(int(first), int(last or first) + 1)

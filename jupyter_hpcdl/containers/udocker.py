@@ -5,17 +5,22 @@ from __future__ import annotations
 import fcntl
 import getpass
 import glob
-from dataclasses import replace
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
+from dataclasses import replace
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
-from .errors import InvalidSpec, ToolsMissing, UdockerFailed, UnknownImage
+from .errors import InvalidSpec, ModeNotSupported, ToolsMissing, UdockerFailed, UnknownImage
+from .fastpath import Decision, decide, launch, record_failure
 from .runner import ContainerProcess, private_env_file
 from .spec import (
+    FAST_MODE,
     RunSpec,
     SitePolicy,
     UdockerInstall,
@@ -23,6 +28,8 @@ from .spec import (
     build_pull_command,
     build_run_command,
     build_setup_command,
+    build_userns_plan,
+    check_container_name,
     check_image_ref,
     check_mode,
     check_run_spec,
@@ -33,6 +40,7 @@ from .spec import (
 )
 from .tools import check_tools
 
+MODE_ENV = "HPCDL_CONTAINER_MODE"  # inside every container: the mode it runs in
 NVIDIA_LIBRARY_GLOBS = ("/usr/lib/x86_64-linux-gnu/libcuda.so*", "/usr/lib64/libcuda.so*", "/usr/lib/libcuda.so*",
                         "/usr/local/nvidia/lib64/libcuda.so*")
 
@@ -165,6 +173,9 @@ class Udocker:
         """The user's container for ``image``'s current content, created on first use (creation copies the whole
         image, so it is never done per command). GPU libraries are set up where the node has NVIDIA's driver."""
         mode = check_mode(mode or self.install.default_mode, self.policy)
+        known = self._known_container(image)
+        if known:
+            return known
         name = container_name_for(image, self.image_id(image))
         nvidia = host_has_nvidia() if nvidia is None else nvidia
         with self._lock(name):
@@ -175,7 +186,49 @@ class Udocker:
                 except UdockerFailed:
                     self._remove_quietly(name)
                     raise
+        self._remember_container(image, name)
         return name
+
+    # Which container serves an image, remembered against the image's manifest file (a pull that changes the
+    # content rewrites it), so that starting a command needs no udocker process once the container exists.
+    def _manifest_stamp(self, image: str) -> list | None:
+        repo, _, tag = check_image_ref(image).partition(":")
+        try:
+            st = os.stat(os.path.join(self.env()["UDOCKER_DIR"], "repos", repo, tag or "latest", "manifest"))
+        except OSError:
+            return None
+        return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+    def _known_containers_file(self) -> str:
+        return os.path.join(self.env()["UDOCKER_DIR"], "hpcdl-containers.json")
+
+    def _known_container(self, image: str) -> str | None:
+        try:
+            with open(self._known_containers_file()) as f:
+                entry = json.load(f).get(image)
+        except (OSError, ValueError):
+            return None
+        stamp = self._manifest_stamp(image)
+        if not entry or stamp is None or entry.get("stamp") != stamp:
+            return None
+        name = entry.get("container")
+        try:
+            return name if os.path.isdir(os.path.join(self.container_dir(name), "ROOT")) else None
+        except InvalidSpec:
+            return None
+
+    def _remember_container(self, image: str, name: str) -> None:
+        path = self._known_containers_file()
+        try:
+            with open(path) as f:
+                known = json.load(f)
+        except (OSError, ValueError):
+            known = {}
+        known[image] = {"container": name, "stamp": self._manifest_stamp(image)}
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(known, f)
+        os.replace(tmp, path)
 
     def setup_nvidia(self, name: str) -> None:
         """Copy this node's NVIDIA driver libraries into the container (again after a driver update)."""
@@ -192,19 +245,61 @@ class Udocker:
             raise UnknownImage(f"container {name!r} does not exist in your udocker repository")
         self._run(udocker_base(self.install) + ["rm", "-f", name])
 
+    def container_dir(self, name: str) -> str:
+        """The directory udocker keeps the container ``name`` in (its ``ROOT`` and ``container.json``)."""
+        return os.path.realpath(os.path.join(self.env()["UDOCKER_DIR"], "containers", check_container_name(name)))
+
+    def mode_for(self, name: str) -> Decision:
+        """The execution mode for ``name``'s commands on this node: the fast path where the site allows it and the
+        node's probe (cached) says it works, else P1 (see :mod:`.fastpath`)."""
+        return decide(self.policy.fast_path, os.path.join(self.container_dir(name), "ROOT"),
+                      self.env()["UDOCKER_DIR"], self.environ)
+
     def start(self, spec: RunSpec, **popen_kwargs) -> ContainerProcess:
-        """Validate ``spec`` and start it; the values of ``spec.env_names`` go through a private env-file."""
+        """Validate ``spec`` and start it, in the mode this node runs (:meth:`mode_for`); the values of
+        ``spec.env_names`` go through a private file, never the command line. Inside, ``HPCDL_CONTAINER_MODE`` says
+        the mode. A fast path that fails before the command starts falls back to P1 and says so on stderr (unless
+        the site forces the fast path: then it is an error)."""
         spec = check_run_spec(spec, self.policy)
         if spec.user is None:  # as the calling user, not udocker's default (a fake root)
             spec = replace(spec, user=getpass.getuser())
-        if spec.container not in self.containers():
+        if not os.path.isdir(os.path.join(self.container_dir(spec.container), "ROOT")):
             raise UnknownImage(f"container {spec.container!r} does not exist: create it with ensure_container(image)")
-        private_dir = env_file = None
-        if spec.env_names:
-            private_dir, env_file = private_env_file(env_file_text(spec.env_names, self.environ))
         system_mounts = [p for p in self.policy.system_mounts if os.path.exists(p)]
+        decision = self.mode_for(spec.container)
+        as_me = spec.user in (getpass.getuser(), str(os.getuid()), f"{os.getuid()}:{os.getgid()}")
+        if decision.mode == FAST_MODE and as_me:  # (another user inside is P1's: the fast path never changes who)
+            proc, why = self._start_fast(spec, system_mounts, **popen_kwargs)
+            if proc is not None:
+                return proc
+            if self.policy.fast_path == FAST_MODE:
+                raise ModeNotSupported(f"the fast path failed to start {spec.command[0]}: {why}")
+            record_failure(self.env()["UDOCKER_DIR"], why)
+            print(f"hpcdl-containers: the fast path failed on this node ({why}); running in P1 instead",
+                  file=sys.stderr, flush=True)
+        environ = {**self.environ, MODE_ENV: self.install.default_mode}
+        spec = replace(spec, env_names=(*spec.env_names, MODE_ENV))
+        private_dir, env_file = private_env_file(env_file_text(spec.env_names, environ))
         argv = build_run_command(spec, self.install, env_file, system_mounts)
         return ContainerProcess(argv, self.env(), private_dir=private_dir, **popen_kwargs)
+
+    def _start_fast(self, spec: RunSpec, system_mounts: list[str], **popen_kwargs):
+        directory = self.container_dir(spec.container)
+        try:
+            with open(os.path.join(directory, "container.json")) as f:
+                image_env = (json.load(f).get("config") or {}).get("Env") or []
+        except (OSError, ValueError):
+            image_env = []
+        env_files = {}
+        for path in spec.env_files:
+            with open(path) as f:
+                env_files[path] = f.read()
+        home = self.environ.get("HOME") or os.path.expanduser("~")
+        plan = build_userns_plan(spec, os.path.join(directory, "ROOT"), image_env, self.environ, env_files,
+                                 system_mounts, home, os.getuid(), os.getgid(), getpass.getuser())
+        plan["env"][MODE_ENV] = FAST_MODE
+        private_dir = tempfile.mkdtemp(prefix="hpcdl-run-")
+        return launch(plan, self.environ, private_dir, **popen_kwargs)
 
     def run(self, spec: RunSpec, timeout: float | None = None) -> subprocess.CompletedProcess:
         """Run ``spec`` to completion and return its exit status and output; stops the whole tree on timeout."""

@@ -124,6 +124,13 @@ def image(img: ImageFacts, expect: Expected, node: str, registry: str | None) ->
                         "re-pull the image if its layers are damaged ('hpcdl-containers verify')", where=node)]
     how = "present" if img.present else "pulled from the registry"
     found = [Finding("image", OK, f"{img.ref}: {how}, starts (container {img.container})", where=node)]
+    if img.container_mode:
+        fast = img.container_mode == "userns"
+        where_runs = "on the fast path (user namespaces, no ptrace)" if fast else f"in {img.container_mode}"
+        found.append(Finding("container mode", OK if fast else WARN,
+                             f"{img.ref} runs {where_runs}: {img.container_mode_reason}",
+                             "" if fast else "unprivileged user namespaces would make containers run at native speed "
+                             "(sysctl user.max_user_namespaces > 0; docs/containers.md)", where=node))
     return found + _version_findings(img, expect, node)
 
 

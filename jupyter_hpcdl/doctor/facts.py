@@ -28,6 +28,8 @@ class ImageFacts:
     versions: dict[str, Any] = field(default_factory=dict)  # what the container's Python reports
     nvidia_error: str | None = None  # None: not tried (no NVIDIA driver); "": udocker setup --nvidia worked
     nvidia_smi: str = ""  # `nvidia-smi -L` inside the container
+    container_mode: str = ""  # what the container runs in on this node: "userns" (the fast path) or a udocker mode
+    container_mode_reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,11 @@ def probe_image(ud: Udocker, ref: str, registry: str | None, timeout: float) -> 
                 facts = replace(facts, nvidia_error="")
             except ContainerError as e:
                 facts = replace(facts, nvidia_error=str(e))
+        try:
+            decision = ud.mode_for(facts.container)
+            facts = replace(facts, container_mode=decision.mode, container_mode_reason=decision.reason)
+        except ContainerError as e:
+            facts = replace(facts, container_mode="none", container_mode_reason=str(e))
         env = ["CUDA_VISIBLE_DEVICES"] if "CUDA_VISIBLE_DEVICES" in os.environ else []
         done = ud.run(RunSpec(facts.container, ["python3", "-c", VERSIONS_SCRIPT], env_names=env), timeout=timeout)
         line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("HPCDL-VERSIONS ")), None)

@@ -33,7 +33,8 @@ def join(env: dict) -> dict:
     _STATE.clear()
     _STATE["progress"] = {"epochs_done": 0, "batches_done": 0}
     return {**place, "host": socket.gethostname(), "node": os.environ.get("HOROVOD_HOSTNAME", ""),
-            "pid": os.getpid(), "gpus": len(gpus), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            "pid": os.getpid(), "gpus": len(gpus), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "container_mode": os.environ.get("HPCDL_CONTAINER_MODE")}
 
 
 def scaled_schedule(schedule, factor: float):
