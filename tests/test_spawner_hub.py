@@ -92,7 +92,8 @@ def test_queued_spawn_says_why_and_stop_cancels_it(hub, bob, clean):
     assert blocker.stdout.strip()
     status, _ = spawn(hub, "alice", {"nodes": 2, "gpus_per_node": 4, "walltime": "00:10:00"}, name="big")
     assert status == 202
-    messages = progress_messages(hub, "alice", "big", until=r"queued")
+    # Slurm may list the job before its scheduler gives a reason ("none given"): wait for the reason itself
+    messages = progress_messages(hub, "alice", "big", until=r"queued \(pending, reason: (Resources|Priority)")
     assert any(re.search(r"Submitted job \d+ to partition gpu: 2 node\(s\) × 4 GPU\(s\) for 00:10:00", m) for m in messages)
     assert re.search(r"Job \d+ is queued \(pending, reason: (Resources|Priority)", messages[-1]), messages
     hub.stop("alice", "big")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import ipyparallel as ipp
+import psutil
 
 from ..allocation import SOCKET_ENV, request, squeue_time_left
 from ..newjob import NewAllocation, engines_job_template
@@ -83,9 +85,20 @@ class Placement:
         return squeue_time_left(job) if job and shutil.which("squeue") else None
 
     def stop(self) -> None:
-        """Stop the controller and the engines (and with them a batch job of the ranks)."""
-        if self.cluster is not None:
+        """Stop the controller and the engines (and with them a batch job of the ranks). The controller runs in a
+        process group of its own: what of it is left after ipyparallel's stop (its schedulers, forked while a
+        failed start was already being undone) is ended with the group."""
+        if self.cluster is None:
+            return
+        from ipyparallel.cluster.launcher import LocalProcessLauncher
+
+        local = isinstance(self.cluster.controller, LocalProcessLauncher)
+        controller = self.cluster.controller.pid if local else -1  # (its own session: started with setsid)
+        try:
             self.cluster.stop_cluster_sync()
+        finally:
+            if controller > 0:
+                end_process_group(controller)
 
     def _addr(self) -> str:
         return self.options.controller_ip or socket.gethostbyname(socket.gethostname())
@@ -231,6 +244,32 @@ def container_engine_cmd(image: str, mpi: bool = False, python: str | None = Non
 
     return in_container_argv(image, python or sys.executable, ENGINE_ENV, ["python3", "-m", "ipyparallel.engine"],
                              MPI_IN_CONTAINER if mpi else ())
+
+
+def end_process_group(pgid: int, grace: float = 5.0) -> None:
+    """SIGTERM to the process group ``pgid`` (one this session started as a new session), SIGKILL to what is left
+    after ``grace`` seconds."""
+    def members() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if os.getpgid(p.pid) == pgid:
+                    found.append(p)
+            except (ProcessLookupError, psutil.Error):
+                pass
+        return found
+
+    left = members()
+    if not left:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        _, left = psutil.wait_procs(left, timeout=grace)
+        if not left:
+            return
 
 
 def placement_for(kind: str, options: PlacementOptions) -> Placement:
