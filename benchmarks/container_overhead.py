@@ -1,15 +1,18 @@
-"""Container overhead, measured against native in the same run (issue: foundation).
+"""Container overhead, measured against native in the same run: native, the fast path (user namespaces, no
+ptrace) and udocker's P1, in alternating rounds (issue: containers at native speed).
 
-1. Training throughput of a small Keras CNN (cnn_workload.py) inside the udocker container (P1) against the same
-   program on the host's Python environment: the median over alternating rounds of container/native images/s.
-2. Start-up cost of one containerized command: wall time of ``hpcdl-containers run IMAGE -- python3 -c pass`` and of
-   plain ``udocker run`` against ``python3 -c pass`` natively, medians over alternating rounds.
-3. The cost of one system call (``getppid``) inside and outside: Debian's proot is built without its seccomp
-   accelerator, so every system call of a containerized process stops in the tracer; this explains (1).
+1. Training throughput (images/s after a warm-up) of a small Keras CNN and of ``tf.keras.applications`` models
+   (``--models``, weights=None, random inputs, small batch), each inside the container in both modes and on the
+   host's Python environment: medians over rounds of mode/native.
+2. Small-file I/O (``io_workload.py``: 2,000 files of 4 KiB written and read, a 64 MB checkpoint with fsync).
+3. Start-up of one containerized command: ``hpcdl-containers run IMAGE -- python3 -c pass`` in each mode against
+   ``python3 -c pass`` natively.
+4. One system call (``getppid``) in each: Debian's proot has no seccomp accelerator, so in P1 every system call
+   stops in the tracer; the fast path has no tracer.
 
 Run as a test-bed user whose udocker holds the image (the bed gives alice hpcdl/base:latest)::
 
-    runuser -u alice -- /opt/jupyter-hpcdl/venv/bin/python benchmarks/container_overhead.py --rounds 5
+    runuser -u alice -- /opt/jupyter-hpcdl/venv/bin/python benchmarks/container_overhead.py --rounds 3
 """
 from __future__ import annotations
 
@@ -24,13 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from jupyter_hpcdl.containers.site import load_site
-from jupyter_hpcdl.containers.spec import RunSpec, build_run_command
+from jupyter_hpcdl.containers.site import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV
 
 HERE = Path(__file__).resolve().parent
 SYSCALLS = 20000
 SYSCALL_PROBE = (f"import os, time; t = time.perf_counter()\nfor _ in range({SYSCALLS}): os.getppid()\n"
                  "print(time.perf_counter() - t)")
+MODES = {"userns": "userns", "P1": "off"}  # mode -> the site's fast_path that gives it
 
 
 def timed(argv: list[str], env: dict | None = None) -> tuple[float, str]:
@@ -39,58 +42,68 @@ def timed(argv: list[str], env: dict | None = None) -> tuple[float, str]:
     return time.perf_counter() - t0, out
 
 
+def site_for(mode: str, work: Path) -> str:
+    """A copy of the site's configuration with the fast path as ``mode`` needs it."""
+    path = os.environ.get(SITE_CONFIG_ENV) or DEFAULT_SITE_CONFIG
+    config = json.loads(Path(path).read_text()) if os.path.exists(path) else {}
+    config.setdefault("ContainerSite", {})["fast_path"] = MODES[mode]
+    out = work / f"site-{mode}.json"
+    out.write_text(json.dumps(config))
+    return str(out)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--image", default="hpcdl/base:latest")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--models", default="cnn:32:32,MobileNetV2:64:16,ResNet50:64:8",
+                   help="model:image size:batch, comma-separated (cnn is the small CNN)")
     p.add_argument("--out", help="also write the results as JSON here")
     args = p.parse_args()
-
-    site = load_site()
-    ud = site.client()
-    container = ud.ensure_container(args.image)
     python = sys.executable
     work = Path(tempfile.mkdtemp(prefix="hpcdl-bench-", dir=os.path.expanduser("~")))  # the home is bound inside
     try:
-        shutil.copy(HERE / "cnn_workload.py", work)
-        workload = ["python3", str(work / "cnn_workload.py"), f"--steps={args.steps}"]
-        in_container = [str(Path(python).parent / "hpcdl-containers"), "run", args.image, "--"]
-        plain_udocker = build_run_command(RunSpec(container, ["python3", "-c", "pass"]), site.install())
+        for name in ("cnn_workload.py", "io_workload.py"):
+            shutil.copy(HERE / name, work)
+        tool = str(Path(python).parent / "hpcdl-containers")
+        prefix = {"native": [python], **{m: [tool, "--site", site_for(m, work), "run", args.image, "--", "python3"]
+                                         for m in MODES}}
+        for m in MODES:  # create the container, probe the node, and check each mode runs where it says
+            said = timed(prefix[m] + ["-c", "import os; print(os.environ['HPCDL_CONTAINER_MODE'])"])[1].strip()
+            if said != m:
+                raise SystemExit(f"asked for {m}, the container ran in {said}: this node cannot run {m}")
+        models = [(m, int(s), int(b)) for m, s, b in (spec.split(":") for spec in args.models.split(","))]
         rows = []
         for r in range(args.rounds):
-            order = ("native", "container") if r % 2 == 0 else ("container", "native")
-            result = {}
-            for where in order:
-                argv = ([python, *workload[1:]] if where == "native" else in_container + workload)
-                _, out = timed(argv)
-                result[where] = json.loads(out.strip().splitlines()[-1])["images_per_s"]
-            start = {}
-            for where in order:
-                if where == "native":
-                    start["native"], _ = timed(["/usr/bin/python3", "-c", "pass"])
-                else:
-                    start["hpcdl-containers"], _ = timed(in_container + ["python3", "-c", "pass"])
-                    start["udocker"], _ = timed(plain_udocker, ud.env())
-            syscall = {}
-            for where in order:
-                argv = ([python, "-c", SYSCALL_PROBE] if where == "native" else in_container + ["python3", "-c", SYSCALL_PROBE])
-                syscall[where] = float(timed(argv)[1].split()[-1]) / SYSCALLS * 1e6
-            rows.append({"round": r, "order": order, "images_per_s": result, "start_s": start, "syscall_us": syscall,
-                         "throughput_ratio": result["container"] / result["native"]})
-            print(json.dumps(rows[-1]), flush=True)
-        med = lambda xs: statistics.median(xs)  # noqa: E731
-        summary = {
-            "rounds": args.rounds, "steps": args.steps, "image": args.image,
-            "native_images_per_s": med([x["images_per_s"]["native"] for x in rows]),
-            "container_images_per_s": med([x["images_per_s"]["container"] for x in rows]),
-            "throughput_ratio_container_over_native": med([x["throughput_ratio"] for x in rows]),
-            "start_native_s": med([x["start_s"]["native"] for x in rows]),
-            "start_udocker_s": med([x["start_s"]["udocker"] for x in rows]),
-            "start_hpcdl_containers_s": med([x["start_s"]["hpcdl-containers"] for x in rows]),
-            "syscall_native_us": med([x["syscall_us"]["native"] for x in rows]),
-            "syscall_container_us": med([x["syscall_us"]["container"] for x in rows]),
-        }
+            order = ["native", *MODES][r % 3:] + ["native", *MODES][: r % 3]
+            row: dict = {"round": r, "order": order}
+            for model, size, batch in models:
+                row[model] = {where: json.loads(timed(prefix[where] + [
+                    str(work / "cnn_workload.py"), f"--steps={args.steps}", f"--model={model}",
+                    f"--image-size={size}", f"--batch={batch}"])[1].strip().splitlines()[-1])["images_per_s"]
+                    for where in order}
+            row["io"] = {where: json.loads(timed(prefix[where] + [str(work / "io_workload.py"), str(work)])[1]
+                                           .strip().splitlines()[-1]) for where in order}
+            row["start_s"] = {where: timed((prefix[where] if where != "native" else ["/usr/bin/python3"])
+                                           + ["-c", "pass"])[0] for where in order}
+            row["syscall_us"] = {where: float(timed(prefix[where] + ["-c", SYSCALL_PROBE])[1].split()[-1])
+                                 / SYSCALLS * 1e6 for where in order}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        med = statistics.median
+        summary: dict = {"rounds": args.rounds, "steps": args.steps, "image": args.image}
+        for model, _, _ in models:
+            for m in MODES:
+                summary[f"{model}_{m}_over_native"] = med(x[model][m] / x[model]["native"] for x in rows)
+            summary[f"{model}_native_images_per_s"] = med(x[model]["native"] for x in rows)
+        for m in MODES:
+            for part in ("write_files_s", "read_files_s", "checkpoint_s"):
+                summary[f"io_{part}_{m}_over_native"] = med(x["io"][m][part] / x["io"]["native"][part] for x in rows)
+            summary[f"start_{m}_minus_native_s"] = med(x["start_s"][m] - x["start_s"]["native"] for x in rows)
+            summary[f"syscall_{m}_us"] = med(x["syscall_us"][m] for x in rows)
+        summary["syscall_native_us"] = med(x["syscall_us"]["native"] for x in rows)
+        summary["start_native_s"] = med(x["start_s"]["native"] for x in rows)
         print(json.dumps(summary, indent=2))
         if args.out:
             Path(args.out).write_text(json.dumps({"summary": summary, "rounds": rows}, indent=2) + "\n")
