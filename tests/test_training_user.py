@@ -158,6 +158,10 @@ def test_bad_input_says_what_to_fix(session, tmp_path):
 
     with pytest.raises(RankError, match=r"rank 0: ValueError: model_fn returned a model that is not compiled"):
         session.setup(uncompiled, digits_arrays())
+    session.setup(adam_model, digits_arrays())
+    with pytest.raises(ValueError, match="batch_size must be a positive whole number, not 0"):
+        session.recover("/nonexistent", batch_size=0)  # refused before the world is touched
+    assert session.alive
 
 
 def test_run_returns_each_ranks_answer_and_names_the_failing_rank(session):

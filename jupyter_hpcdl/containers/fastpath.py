@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
+from ..atomic import atomic_write
 from .errors import ModeNotSupported
 from .runner import ContainerProcess
 from .spec import FAST_MODE, FAST_PATH_CHOICES
@@ -55,12 +56,18 @@ def read_cached(path: str, key: str) -> Decision | None:
     return Decision(**data) if data.get("key") == key else None
 
 
+def write_json(path: str, value) -> None:
+    """``value`` as JSON at ``path``, whole or not at all (the project's atomic_write)."""
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(value, f)
+
+    atomic_write(path, write)
+
+
 def write_cached(path: str, decision: Decision) -> None:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(asdict(decision), f)
-    os.replace(tmp, path)
+    write_json(path, asdict(decision))
 
 
 def launch(plan: dict, env: Mapping[str, str], private_dir: str, **popen_kwargs) -> tuple[ContainerProcess | None, str]:

@@ -289,6 +289,11 @@ def parse_env_lines(text: str) -> dict[str, str]:
     return env
 
 
+def is_caller(who: str | None, user: str, uid: int, gid: int) -> bool:
+    """Whether a run's ``user`` (None, a name or uid[:gid]) is the calling user."""
+    return who in (None, user, str(uid), f"{uid}:{gid}")
+
+
 def build_userns_plan(spec: RunSpec, root: str, image_env: Sequence[str], environ: Mapping[str, str],
                       env_files: Mapping[str, str], system_mounts: Sequence[str], home: str, uid: int, gid: int,
                       user: str, exists=os.path.lexists) -> dict:
@@ -297,7 +302,7 @@ def build_userns_plan(spec: RunSpec, root: str, image_env: Sequence[str], enviro
     passwd and group read-only (``hostauth``), the user's allowed mounts; the image's environment, then the user's
     names and env-files (``env_files``: path -> its text), ``HOME``/``USER``; the user's own uid and gid.
     ``spec.user`` other than the caller is refused: the fast path never changes who runs."""
-    if spec.user not in (None, user, str(uid), f"{uid}:{gid}"):
+    if not is_caller(spec.user, user, uid, gid):
         raise InvalidSpec(f"the fast path runs as you ({user}); user {spec.user!r} needs a P mode")
     binds = [{"source": d, "target": d, "required": d in ("/dev", "/proc", "/sys")} for d in SYSTEM_DIRS
              if exists(d) or d in ("/dev", "/proc", "/sys")]

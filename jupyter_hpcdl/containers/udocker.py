@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Iterator, Mapping
 
 from .errors import InvalidSpec, ModeNotSupported, ToolsMissing, UdockerFailed, UnknownImage
-from .fastpath import Decision, decide, launch, record_failure
+from .fastpath import Decision, decide, launch, record_failure, write_json
 from .runner import ContainerProcess, private_env_file
 from .spec import (
     FAST_MODE,
@@ -29,6 +29,7 @@ from .spec import (
     build_run_command,
     build_setup_command,
     build_userns_plan,
+    is_caller,
     check_container_name,
     check_image_ref,
     check_mode,
@@ -225,10 +226,7 @@ class Udocker:
         except (OSError, ValueError):
             known = {}
         known[image] = {"container": name, "stamp": self._manifest_stamp(image)}
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(known, f)
-        os.replace(tmp, path)
+        write_json(path, known)
 
     def setup_nvidia(self, name: str) -> None:
         """Copy this node's NVIDIA driver libraries into the container (again after a driver update)."""
@@ -267,7 +265,7 @@ class Udocker:
             raise UnknownImage(f"container {spec.container!r} does not exist: create it with ensure_container(image)")
         system_mounts = [p for p in self.policy.system_mounts if os.path.exists(p)]
         decision = self.mode_for(spec.container)
-        as_me = spec.user in (getpass.getuser(), str(os.getuid()), f"{os.getuid()}:{os.getgid()}")
+        as_me = is_caller(spec.user, getpass.getuser(), os.getuid(), os.getgid())
         if decision.mode == FAST_MODE and as_me:  # (another user inside is P1's: the fast path never changes who)
             proc, why = self._start_fast(spec, system_mounts, **popen_kwargs)
             if proc is not None:

@@ -16,7 +16,7 @@ from jupyter_hpcdl.containers.errors import ContainerError
 from jupyter_hpcdl.containers.site import load_site
 from jupyter_hpcdl.containers.spec import RunSpec, udocker_base
 from jupyter_hpcdl.containers.udocker import Udocker, host_has_nvidia
-from jupyter_hpcdl.training.checkpoint import atomic_write
+from jupyter_hpcdl.atomic import atomic_write
 
 from .facts import ImageFacts, NodeFacts, ProbeRequest, request_from_json
 

@@ -10,30 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
-from typing import Callable
+
+from ..atomic import atomic_write
 
 MANIFEST = "hpcdl.json"
-
-
-def atomic_write(path: str, write: Callable[[str], None]) -> str:
-    """Call ``write(tmp_path)`` for a temporary file beside ``path``, flush it to disk, then rename it into place.
-    A failure leaves the previous file (if any) untouched and no partial file behind."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".partial-", suffix=os.path.splitext(path)[1], dir=directory)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 @dataclass(frozen=True)

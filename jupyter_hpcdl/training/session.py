@@ -37,7 +37,7 @@ from .metrics import MetricsTable, rank_rows, straggler_ranks
 from .placement import (PLACES, Placement, PlacementOptions, container_engine_cmd, owner_socket, placement_for,
                         resolve)
 from .reaper import start_reaper, stop_reaper
-from .spec import TrainingSpec, make_spec
+from .spec import TrainingSpec, check_batch_size, make_spec
 from .walltime import DEFAULT_MARGIN, WalltimeWatch
 from .watchdog import kill_local_engines, local_process_states, stall_message
 
@@ -489,8 +489,7 @@ class TrainingSession:
         ``batch_size``, default as before) continues from ``checkpoint``."""
         spec = self.spec
         if batch_size is not None and spec is not None:
-            spec = make_spec(spec.model_fn, spec.data, batch_size=batch_size, seed=spec.seed)  # checks the value
-            spec = replace(self.spec, batch_size=batch_size)
+            spec = replace(spec, batch_size=check_batch_size(batch_size))
         self._new_world(ranks or self.ranks, spec)
         self.spec = spec
         return self.resume(checkpoint)

@@ -78,6 +78,12 @@ def check_data(data, what: str = "data"):
                      f"path to a .npz file; got {type(data).__name__}")
 
 
+def check_batch_size(batch_size) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive whole number, not {batch_size!r}")
+    return batch_size
+
+
 def make_spec(model_fn, data, loss=None, metrics: Sequence = (), lr: float | None = None, batch_size: int = 32,
               validation_data=None, callbacks=(), seed: int | None = None, scale_lr: bool = False,
               shuffle: bool = True, steps_per_epoch: int | None = None) -> TrainingSpec:
@@ -85,8 +91,7 @@ def make_spec(model_fn, data, loss=None, metrics: Sequence = (), lr: float | Non
     if not callable(model_fn):
         raise ValueError("model_fn must be a function that builds (and, without loss=, compiles) the model: it runs "
                          "on every rank")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive whole number, not {batch_size!r}")
+    check_batch_size(batch_size)
     if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
         raise ValueError(f"steps_per_epoch must be a positive whole number or None, not {steps_per_epoch!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31):
