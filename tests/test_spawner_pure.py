@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from jupyter_hpcdl.spawner.api import parse_callback
 from jupyter_hpcdl.spawner.commands import Result, as_user
+from jupyter_hpcdl.spawner.orphans import JobMark
 from jupyter_hpcdl.spawner.options import FIELDS, OptionsError, request_to_options, validate_options
 from jupyter_hpcdl.spawner.profile import Image, Partition, Profile, parse_walltime
 from jupyter_hpcdl.spawner.queue import JobQueue
@@ -23,7 +24,7 @@ PROFILE = Profile(
     images={"base": Image("base", "hpcdl/base:latest", "TF"), "tf216": Image("tf216", "hpcdl/tf:2.16")},
     accounts={"*": ("hpcdl",), "alice": ("hpcdl", "alice-project")})
 CTX = ScriptContext(python="/opt/venv/bin/python", output="/home/alice/.jupyter-hpcdl/jobs/%j.log", workdir="/home/alice",
-                    listen_ip="127.0.0.1",
+                    listen_ip="127.0.0.1", comment=JobMark("testhub", "alice", "my gpu/1").comment(),
                     singleuser_cmd=("/opt/venv/bin/jupyterhub-singleuser", "--debug"))
 
 
@@ -84,7 +85,9 @@ def test_script_is_exact_and_carries_no_secret():
 #SBATCH --time=02:00:00
 #SBATCH --output=/home/alice/.jupyter-hpcdl/jobs/%j.log
 #SBATCH --chdir=/home/alice
+#SBATCH --no-requeue
 #SBATCH --account=alice-project
+#SBATCH --comment=jupyterhub-hpcdl:testhub:alice:my%20gpu%2F1
 # jupyter-hpcdl: JupyterLab on the first node; kernels in the udocker image hpcdl/base:latest
 # 2 node(s) x 2 GPU(s) for 02:00:00: 8 GPU-hours
 set -eu
@@ -106,7 +109,20 @@ def test_gpu_type_goes_into_gres():
     assert "#SBATCH --gres=gpu:a100:8" in build_batch_script(req, Slurm(), CTX)
 
 
-SAFE = re.compile(r"^#SBATCH --[a-z-]+=[A-Za-z0-9_.:/%-]+$")
+def test_a_partition_without_gpus_takes_none_and_asks_for_no_gres():
+    profile = Profile(partitions={"cpu": Partition("cpu", max_nodes=1, max_gpus_per_node=0, max_walltime=60)},
+                      images=PROFILE.images)
+    req = validate_options({}, profile, "alice")
+    assert req.gpus_per_node == 0 and req.gpu_hours == 0
+    script = build_batch_script(req, Slurm(), CTX)
+    assert "--gres" not in script and "#SBATCH --ntasks-per-node=1" in script
+    with pytest.raises(OptionsError, match="allowed: 0 to 0"):
+        validate_options({"gpus_per_node": 1}, profile, "alice")
+    with pytest.raises(OptionsError, match="allowed: 1 to 4"):
+        validate_options({"gpus_per_node": 0}, PROFILE, "alice")
+
+
+SAFE = re.compile(r"^#SBATCH --[a-z-]+(=[A-Za-z0-9_.:/%-]+)?$")
 
 
 @settings(max_examples=300, deadline=None)
@@ -123,7 +139,7 @@ def test_fuzzed_options_never_reach_the_script_unvalidated(raw):
     for line in script.splitlines()[1:]:
         if line.startswith("#SBATCH"):
             assert SAFE.match(line), line
-    assert script.count("\n") == 13 + bool(req.account) + bool(req.memory_gb)
+    assert script.count("\n") == 14 + bool(req.account) + bool(req.memory_gb) + bool(req.gpus_per_node)
     assert shlex.split(script.splitlines()[-1])[0] == "exec"
 
 
@@ -140,11 +156,16 @@ def test_slurm_parsers():
     assert s.parse_submit("123\n") == "123" and s.parse_submit("77;cluster\n") == "77"
     with pytest.raises(ValueError, match="no job id"):
         s.parse_submit("sbatch: error: Batch job submission failed")
-    jobs = s.parse_queue("12|PENDING|Resources|2026-11-29T20:00:00|n/a\n13|RUNNING|None|2026-11-29T19:00:00|node1\n"
-                         "14|COMPLETING|None|N/A|node2\n15|CANCELLED|None|N/A|node1\n")
+    jobs = s.parse_queue("12|PENDING|Resources|2026-11-29T20:00:00|n/a|alice|jupyterhub-hpcdl|hpcdl-hub=h\n"
+                         "13|RUNNING|None|2026-11-29T19:00:00|node1|bob|x|(null)\n"
+                         "14|COMPLETING|None|N/A|node2|bob|x|a|b|c\n15|CANCELLED|None|N/A|node1|bob|x|\n12|short\n")
     assert (jobs["12"].phase, jobs["12"].reason, jobs["12"].expected_start, jobs["12"].batch_host) == \
         (PENDING, "Resources", "2026-11-29T20:00:00", "")
     assert (jobs["13"].phase, jobs["13"].batch_host, jobs["14"].phase, jobs["15"].phase) == (RUNNING, "node1", RUNNING, ENDED)
+    assert (jobs["12"].user, jobs["12"].name, jobs["12"].comment, jobs["13"].comment, jobs["14"].comment) == (
+        "alice", "jupyterhub-hpcdl", "hpcdl-hub=h", "", "a|b|c")  # a separator in another user's comment is kept
+    assert s.job_forgotten("slurm_load_jobs error: Invalid job id specified")
+    assert not s.job_forgotten("slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
     ended = s.parse_job("JobId=15 JobName=x UserId=alice(1001) JobState=FAILED Reason=NonZeroExitCode "
                         "Dependency=(null) ExitCode=1:0 BatchHost=node1 StartTime=2026-11-29T19:00:00")
     assert (ended.phase, ended.state, ended.reason, ended.exit_code) == (ENDED, "FAILED", "NonZeroExitCode", "1:0")
@@ -172,7 +193,7 @@ def test_one_scheduler_query_per_interval_for_a_thousand_servers():
     async def runner(argv, **kw):
         calls.append(argv[0])
         await asyncio.sleep(0.01)
-        lines = "".join(f"{i}|RUNNING|None|N/A|node1\n" for i in range(1000))
+        lines = "".join(f"{i}|RUNNING|None|N/A|node1|u|n|\n" for i in range(1000))
         return Result(tuple(argv), 0, lines, "")
 
     async def scenario():
@@ -184,3 +205,28 @@ def test_one_scheduler_query_per_interval_for_a_thousand_servers():
     q, infos, again = asyncio.run(scenario())
     assert all(i.phase == RUNNING for i in infos + again)
     assert calls == ["squeue"] and q.queries == 1
+
+
+def test_the_job_holds_its_port_until_the_server_binds_it():
+    import socket
+
+    from tornado.netutil import bind_sockets
+
+    from jupyter_hpcdl.spawner.jobside import hold_port, route_address
+
+    held = hold_port("127.0.0.1")
+    port = held.getsockname()[1]
+    try:
+        assert held.get_inheritable()  # still held after the exec into the server
+        for _ in range(500):  # no other process asking for a free port is given it meanwhile
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                assert s.getsockname()[1] != port
+        with socket.socket() as stranger, pytest.raises(OSError):
+            stranger.bind(("127.0.0.1", port))
+        server = bind_sockets(port, "127.0.0.1")  # what the single-user server does: it gets that very port
+        assert server[0].getsockname()[1] == port
+        server[0].close()
+    finally:
+        held.close()
+    assert route_address("http://127.0.0.1:8081/hub/api") == "127.0.0.1"

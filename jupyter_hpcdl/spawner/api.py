@@ -8,7 +8,8 @@
   handler with the hardened callback above, which still serves plain batchspawner spawners: their job wrapper
   only ever sends the port, and only ``port`` is set. JupyterHub loads every installed spawner entry point, so with
   this package installed the route is hardened whichever spawner a hub uses.
-- ``GET /hub/api/hpcdl/preview``: the exact batch script and GPU-hours for the form's current values.
+- ``GET /hub/api/hpcdl/preview``: the exact batch script and GPU-hours for the form's current values, for the
+  user's default server or one of their named servers (404 for any other name: it never creates a server).
 """
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ class PreviewHandler(APIHandler):
         name = self.get_argument("server_name", "")
         if not hasattr(user, "spawners"):
             raise web.HTTPError(403, "only users have spawn forms")
+        if name and name not in user.orm_spawners:  # looking it up would create it (past allow_named_servers)
+            raise web.HTTPError(404, f"you have no server named {name!r}")
         spawner = user.spawners[name]
         preview = getattr(spawner, "preview", None)
         if preview is None:

@@ -35,7 +35,10 @@ async def run(argv: Sequence[str], env: Mapping[str, str] | None = None, input: 
     try:
         out, err = await asyncio.wait_for(proc.communicate(input.encode() if input else None), timeout)
     except asyncio.TimeoutError:
-        proc.kill()
+        try:
+            proc.kill()
+        except ProcessLookupError:  # it ended meanwhile
+            pass
         await proc.wait()
         raise RuntimeError(f"{argv[0]} did not answer in {timeout:.0f} s") from None
     return Result(tuple(argv), proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))

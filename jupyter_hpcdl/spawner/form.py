@@ -24,7 +24,7 @@ _TEMPLATE = Environment(autoescape=True).from_string("""
 <div class="form-group"><label for="hpcdl-nodes">Nodes</label>
   <input class="form-control" type="number" id="hpcdl-nodes" name="nodes" min="1" value="{{ defaults.nodes }}"></div>
 <div class="form-group"><label for="hpcdl-gpus">GPUs per node</label>
-  <input class="form-control" type="number" id="hpcdl-gpus" name="gpus_per_node" min="1" value="{{ defaults.gpus_per_node }}"></div>
+  <input class="form-control" type="number" id="hpcdl-gpus" name="gpus_per_node" min="0" value="{{ defaults.gpus_per_node }}"></div>
 <div class="form-group"><label for="hpcdl-walltime">Walltime (HH:MM:SS)</label>
   <input class="form-control" type="text" id="hpcdl-walltime" name="walltime" value="{{ defaults.walltime }}"></div>
 {% if defaults.memory_gb %}<div class="form-group"><label for="hpcdl-memory">Memory per node (GB)</label>

@@ -1,12 +1,18 @@
 """The job's side of a spawn, run by the batch script on the first node (host side, beside srun and the
-scheduler's client): prepare the user's container, write the container kernelspec, pick a port, tell the hub only
-that port (the hub takes the node from the scheduler), then become the single-user server."""
+scheduler's client): prepare the user's container, write the container kernelspec, take a port and hold it, tell the
+hub only that port (the hub takes the node from the scheduler), then become the single-user server.
+
+The port is held, not just picked: the socket bound to it (SO_REUSEADDR, never listening) stays open across the
+exec into the server, so no other process can be given the port in between; the server binds the same port
+(tornado sets SO_REUSEADDR too, which Linux allows while no socket listens on it) and listens, and the server
+extension then closes the held socket (``HPCDL_HELD_PORT_FD``)."""
 from __future__ import annotations
 
 import argparse
 import os
 import socket
 import sys
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -19,10 +25,24 @@ from jupyter_hpcdl.containers.site import load_site
 KERNEL_NAME = "hpcdl"
 
 
-def free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET) as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
+def hold_port(ip: str) -> socket.socket:
+    """A socket bound to a free port on ``ip`` and kept open (inheritable, so it is still held after exec)."""
+    s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, 0))
+    s.set_inheritable(True)
+    return s
+
+
+def route_address(url: str) -> str:
+    """This node's address on its route to ``url``'s host: the interface the hub's network reaches it by (no packet
+    is sent: connecting a UDP socket only chooses the route)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        return s.getsockname()[0]
 
 
 def report_port(api_url: str, token: str, port: int) -> None:
@@ -41,7 +61,7 @@ def report_port(api_url: str, token: str, port: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jupyter_hpcdl.spawner.jobside")
     p.add_argument("--image", required=True)
-    p.add_argument("--listen-ip", default="0.0.0.0")
+    p.add_argument("--listen-ip", default="", help="default: this node's address on its route to the hub")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -59,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     write_kernelspec(os.path.join(job_dir, "kernels"), KERNEL_NAME, container_kernelspec(args.image, sys.executable))
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [job_dir, os.environ.get("JUPYTER_PATH")]))
 
-    port = free_port(args.listen_ip)
+    ip = args.listen_ip or route_address(os.environ["JUPYTERHUB_API_URL"])
+    held = hold_port(ip)
+    port = held.getsockname()[1]
+    os.environ["HPCDL_HELD_PORT_FD"] = str(held.fileno())  # the server extension closes it once the server listens
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
-    os.environ["JUPYTERHUB_SERVICE_URL"] = f"http://{args.listen_ip}:{port}{prefix}"
+    host = f"[{ip}]" if ":" in ip else ip
+    os.environ["JUPYTERHUB_SERVICE_URL"] = f"http://{host}:{port}{prefix}"
     report_port(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"], port)
-    print(f"[jupyter-hpcdl] server on port {port}", flush=True)
+    print(f"[jupyter-hpcdl] server on {host}:{port}", flush=True)
     argv = [*command, f"--MultiKernelManager.default_kernel_name={KERNEL_NAME}"]
     os.execvp(argv[0], argv)
 

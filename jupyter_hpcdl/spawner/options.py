@@ -81,7 +81,8 @@ def validate_options(raw: Mapping[str, Any], profile: Profile, user: str) -> Job
     names = list(profile.partitions)
     partition = profile.partitions[_choice(raw, "partition", names, default=names[0])]
     nodes = _int(raw, "nodes", 1, partition.max_nodes, default=1)
-    gpus = _int(raw, "gpus_per_node", 1, partition.max_gpus_per_node, default=1)
+    least = 0 if partition.max_gpus_per_node == 0 else 1  # a partition without GPUs takes 0
+    gpus = _int(raw, "gpus_per_node", least, partition.max_gpus_per_node, default=least)
     walltime_raw = _one(raw, "walltime")
     if walltime_raw in (None, ""):
         minutes = min(60, partition.max_walltime)

@@ -1,6 +1,10 @@
 """One scheduler query per interval serves every server of the hub: each spawner asks this cache about its job,
 and the queue is read again only when the last reading is older than the interval (concurrent askers share one
-query)."""
+query).
+
+A scheduler that cannot be asked (an error, a timeout: an overloaded or restarting controller) makes every job's
+phase UNKNOWN, never ENDED: the last reading is kept, and the queue is asked again with exponential backoff (from the
+interval up to ``max_backoff``) so that a struggling controller is not hammered by every server's poll."""
 from __future__ import annotations
 
 import asyncio
@@ -8,44 +12,119 @@ import time
 from typing import Awaitable, Callable
 
 from .commands import Result, run
-from .scheduler import ENDED, JobInfo, Scheduler
+from .scheduler import ENDED, UNKNOWN, JobInfo, Scheduler
 
 Runner = Callable[..., Awaitable[Result]]
 
 
+class SchedulerUnreachable(RuntimeError):
+    """The scheduler did not answer (or answered with an error that is not about the job)."""
+
+
 class JobQueue:
-    def __init__(self, scheduler: Scheduler, interval: float = 5.0, runner: Runner = run):
+    def __init__(self, scheduler: Scheduler, interval: float = 5.0, runner: Runner = run, timeout: float = 30.0,
+                 max_backoff: float = 60.0):
         self.scheduler = scheduler
         self.interval = interval
         self.runner = runner
+        self.timeout = timeout
+        self.max_backoff = max_backoff
         self.queries = 0  # scheduler commands run (for the benchmark and tests)
+        self.failures = 0  # consecutive failed readings
+        self.error = ""  # why the last reading failed
+        self.unreachable_since: float | None = None  # monotonic time of the first failure of this outage
         self._jobs: dict[str, JobInfo] = {}
         self._read_at = -1e9
+        self._tried_at = -1e9
         self._lock = asyncio.Lock()
         self._ended: dict[str, JobInfo] = {}
 
+    @property
+    def reachable(self) -> bool:
+        return self.unreachable_since is None
+
+    def unreachable_for(self, now: float | None = None) -> float:
+        """Seconds since the scheduler stopped answering (0 while it answers)."""
+        if self.unreachable_since is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.unreachable_since
+
+    def _retry_wait(self) -> float:
+        return min(self.interval * 2 ** max(self.failures - 1, 0), self.max_backoff)
+
+    def _fresh(self, max_age: float) -> bool:
+        now = time.monotonic()
+        if self.failures:
+            return now - self._tried_at < max(max_age, self._retry_wait())
+        return now - self._read_at < max_age
+
+    async def _ask(self, argv: list[str], what: str) -> Result:
+        try:
+            result = await self.runner(argv, timeout=self.timeout)
+        except (OSError, RuntimeError) as e:  # the runner's timeout names the command
+            raise SchedulerUnreachable(f"{what}: {e or type(e).__name__}") from None
+        finally:
+            self.queries += 1
+        return result
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        self.error = error
+        if self.unreachable_since is None:
+            self.unreachable_since = time.monotonic()
+
+    def _answered(self) -> None:
+        self.failures, self.error, self.unreachable_since = 0, "", None
+
     async def refresh(self, max_age: float | None = None) -> None:
+        """Read the queue unless the last reading is fresh enough (or, during an outage, unless the next retry is
+        not due yet). Never raises for the scheduler's sake: a failure is recorded (see :attr:`reachable`)."""
         max_age = self.interval if max_age is None else max_age
-        if time.monotonic() - self._read_at < max_age:
+        if self._fresh(max_age):
             return
         async with self._lock:
-            if time.monotonic() - self._read_at < max_age:
+            if self._fresh(max_age):
                 return  # someone else read it while we waited
-            result = (await self.runner(self.scheduler.queue_argv())).check("reading the queue")
-            self.queries += 1
+            self._tried_at = time.monotonic()
+            try:
+                result = await self._ask(self.scheduler.queue_argv(), "reading the queue")
+                if result.returncode:
+                    raise SchedulerUnreachable(f"reading the queue failed (exit {result.returncode}): "
+                                               f"{(result.stderr or result.stdout).strip()[-300:]}")
+            except SchedulerUnreachable as e:
+                self._failed(str(e))
+                return
             self._jobs = self.scheduler.parse_queue(result.stdout)
             self._read_at = time.monotonic()
+            self._answered()
+
+    def jobs(self) -> dict[str, JobInfo]:
+        """Every job of the last good reading (all users')."""
+        return dict(self._jobs)
+
+    def unknown(self, job_id: str) -> JobInfo:
+        last = self._jobs.get(job_id)
+        return JobInfo(job_id, UNKNOWN, "UNKNOWN", f"the scheduler is not answering ({self.error})",
+                       batch_host=last.batch_host if last else "")
 
     async def job(self, job_id: str, max_age: float | None = None) -> JobInfo | None:
         """The job as last seen (at most ``max_age`` s old); for a job gone from the queue, why it ended (or None
-        when the scheduler has forgotten it)."""
+        when the scheduler has forgotten it); phase UNKNOWN while the scheduler cannot be asked."""
         await self.refresh(max_age)
+        if not self.reachable:
+            return self.unknown(job_id)
         info = self._jobs.get(job_id)
         if info is not None and info.phase != ENDED:
             return info
         if job_id not in self._ended:
-            result = await self.runner(self.scheduler.job_argv(job_id))
-            self.queries += 1
+            try:
+                result = await self._ask(self.scheduler.job_argv(job_id), f"asking about job {job_id}")
+                if result.returncode and not self.scheduler.job_forgotten(result.stderr + result.stdout):
+                    raise SchedulerUnreachable(f"asking about job {job_id} failed (exit {result.returncode}): "
+                                               f"{(result.stderr or result.stdout).strip()[-300:]}")
+            except SchedulerUnreachable as e:
+                self._failed(str(e))
+                return self.unknown(job_id)
             ended = self.scheduler.parse_job(result.stdout) if result.returncode == 0 else None
             if ended is None:
                 return info
@@ -58,9 +137,9 @@ class JobQueue:
 _QUEUES: dict[tuple[str, float], JobQueue] = {}
 
 
-def shared_queue(scheduler: Scheduler, interval: float) -> JobQueue:
+def shared_queue(scheduler: Scheduler, interval: float, max_backoff: float = 60.0) -> JobQueue:
     """The hub-wide queue for this scheduler."""
     key = (scheduler.name, interval)
     if key not in _QUEUES:
-        _QUEUES[key] = JobQueue(scheduler, interval)
+        _QUEUES[key] = JobQueue(scheduler, interval, max_backoff=max_backoff)
     return _QUEUES[key]

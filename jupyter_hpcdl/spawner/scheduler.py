@@ -10,12 +10,15 @@ from typing import Sequence
 from .options import JobRequest
 
 PENDING, RUNNING, ENDED = "pending", "running", "ended"
+#: The scheduler could not be asked (an error or a timeout): the job may be anywhere. Never the same as ended.
+UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
 class JobInfo:
     """One job as the scheduler reports it. ``phase`` is pending, running or ended; ``state`` and ``reason`` are the
-    scheduler's own words (e.g. PENDING / Resources, FAILED / NonZeroExitCode)."""
+    scheduler's own words (e.g. PENDING / Resources, FAILED / NonZeroExitCode); ``user``, ``name`` and ``comment``
+    are the job's owner, name and comment (how a hub finds its own jobs)."""
 
     job_id: str
     phase: str
@@ -25,6 +28,9 @@ class JobInfo:
     batch_host: str = ""
     exit_code: str = ""
     nodes: tuple[str, ...] = field(default_factory=tuple)
+    user: str = ""
+    name: str = ""
+    comment: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,9 @@ class Scheduler:
     name = "abstract"
     directive = "#"
 
-    def header(self, req: JobRequest, job_name: str, output: str, workdir: str) -> list[str]:
+    def header(self, req: JobRequest, job_name: str, output: str, workdir: str, comment: str = "") -> list[str]:
+        """The script's directives; ``comment`` (checked by the caller: letters, digits and ``=._:/-`` only) marks the
+        job as this hub's."""
         raise NotImplementedError
 
     def submit_argv(self, env_names: Sequence[str]) -> list[str]:
@@ -65,6 +73,11 @@ class Scheduler:
         raise NotImplementedError
 
     def parse_job(self, stdout: str) -> JobInfo | None:
+        raise NotImplementedError
+
+    def job_forgotten(self, stderr: str) -> bool:
+        """Whether a failed :meth:`job_argv` means the scheduler no longer knows the job (rather than that it could
+        not be asked)."""
         raise NotImplementedError
 
     def cancel_argv(self, job_id: str) -> list[str]:

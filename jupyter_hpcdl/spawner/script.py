@@ -5,6 +5,7 @@ users can read (``scontrol show job``, ``scontrol write batch_script``)."""
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Sequence
@@ -20,18 +21,22 @@ class ScriptContext:
     python: str
     output: str
     workdir: str
-    listen_ip: str = "0.0.0.0"
+    listen_ip: str = ""  # empty: the job picks the node's address on its route to the hub
     job_name: str = "jupyterhub-hpcdl"
     singleuser_cmd: Sequence[str] = ("jupyterhub-singleuser",)
+    comment: str = ""  # the hub's mark (orphans.JobMark), already encoded to safe characters
 
 
 def build_batch_script(req: JobRequest, scheduler: Scheduler, ctx: ScriptContext) -> str:
-    ipaddress.ip_address(ctx.listen_ip)  # ValueError for anything else
+    if ctx.listen_ip:
+        ipaddress.ip_address(ctx.listen_ip)  # ValueError for anything else
+    if not re.fullmatch(r"[A-Za-z0-9=._:%/-]*", ctx.comment):
+        raise ValueError(f"job comment {ctx.comment!r} has characters other than letters, digits and =._:%/-")
     command = [ctx.python, "-m", "jupyter_hpcdl.spawner.jobside", f"--image={req.image_ref}",
-               f"--listen-ip={ctx.listen_ip}", "--", *ctx.singleuser_cmd]
+               *([f"--listen-ip={ctx.listen_ip}"] if ctx.listen_ip else []), "--", *ctx.singleuser_cmd]
     lines = [
         "#!/bin/bash",
-        *scheduler.header(req, ctx.job_name, ctx.output, ctx.workdir),
+        *scheduler.header(req, ctx.job_name, ctx.output, ctx.workdir, ctx.comment),
         f"# jupyter-hpcdl: JupyterLab on the first node; kernels in the udocker image {req.image_ref}",
         f"# {req.nodes} node(s) x {req.gpus_per_node} GPU(s) for {req.walltime}: {req.gpu_hours:g} GPU-hours",
         "set -eu",

@@ -14,19 +14,26 @@ _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
 _SEP = "|"
 
 
+def _phase(state: str) -> str:
+    return PENDING if state in _PENDING else RUNNING if state in _RUNNING else ENDED
+
+
 class Slurm(Scheduler):
     name = "slurm"
     directive = "#SBATCH"
 
-    def header(self, req: JobRequest, job_name: str, output: str, workdir: str) -> list[str]:
+    def header(self, req: JobRequest, job_name: str, output: str, workdir: str, comment: str = "") -> list[str]:
         gres = f"gpu:{req.gpu_type}:{req.gpus_per_node}" if req.gpu_type else f"gpu:{req.gpus_per_node}"
+        # A server is not a batch job to run again: after a node failure, the hub says so instead of Slurm requeuing it.
         lines = [f"--job-name={job_name}", f"--partition={req.partition}", f"--nodes={req.nodes}",
-                 f"--ntasks-per-node={req.gpus_per_node}", f"--gres={gres}", f"--time={req.walltime}", f"--output={output}",
-                 f"--chdir={workdir}"]
+                 f"--ntasks-per-node={max(req.gpus_per_node, 1)}", *([f"--gres={gres}"] if req.gpus_per_node else []),
+                 f"--time={req.walltime}", f"--output={output}", f"--chdir={workdir}", "--no-requeue"]
         if req.memory_gb:
             lines.append(f"--mem={req.memory_gb}G")
         if req.account:
             lines.append(f"--account={req.account}")
+        if comment:
+            lines.append(f"--comment={comment}")
         return [f"{self.directive} {line}" for line in lines]
 
     def submit_argv(self, env_names: Sequence[str]) -> list[str]:
@@ -39,19 +46,21 @@ class Slurm(Scheduler):
         return m.group(1)
 
     def queue_argv(self) -> list[str]:
-        return ["squeue", "--noheader", "--all", f"--format=%i{_SEP}%T{_SEP}%r{_SEP}%S{_SEP}%B"]
+        # The comment goes last: it is the one field another user may fill with the separator.
+        return ["squeue", "--noheader", "--all", f"--format=%i{_SEP}%T{_SEP}%r{_SEP}%S{_SEP}%B{_SEP}%u{_SEP}%j{_SEP}%k"]
 
     def parse_queue(self, stdout: str) -> dict[str, JobInfo]:
         jobs = {}
         for line in stdout.splitlines():
-            fields = line.strip().split(_SEP)
-            if len(fields) != 5 or not fields[0]:
+            fields = line.strip().split(_SEP, 7)
+            if len(fields) != 8 or not fields[0]:
                 continue
-            job_id, state, reason, start, host = fields
-            phase = PENDING if state in _PENDING else RUNNING if state in _RUNNING else ENDED
+            job_id, state, reason, start, host, user, name, comment = fields
+            phase = _phase(state)
             jobs[job_id] = JobInfo(job_id, phase, state, "" if reason == "None" else reason,
                                    "" if start in ("N/A", "Unknown") else start,
-                                   "" if host in ("n/a", "(null)") or phase == PENDING else host)
+                                   "" if host in ("n/a", "(null)") or phase == PENDING else host,
+                                   user=user, name=name, comment="" if comment == "(null)" else comment)
         return jobs
 
     def job_argv(self, job_id: str) -> list[str]:
@@ -62,9 +71,11 @@ class Slurm(Scheduler):
         if "JobId" not in fields:
             return None
         state = fields.get("JobState", "")
-        phase = PENDING if state in _PENDING else RUNNING if state in _RUNNING else ENDED
-        return JobInfo(fields["JobId"], phase, state, "" if fields.get("Reason") == "None" else fields.get("Reason", ""),
+        return JobInfo(fields["JobId"], _phase(state), state, "" if fields.get("Reason") == "None" else fields.get("Reason", ""),
                        fields.get("StartTime", ""), fields.get("BatchHost", ""), fields.get("ExitCode", ""))
+
+    def job_forgotten(self, stderr: str) -> bool:
+        return "Invalid job id" in stderr
 
     def cancel_argv(self, job_id: str) -> list[str]:
         return ["scancel", job_id]

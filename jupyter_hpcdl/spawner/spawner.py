@@ -2,8 +2,10 @@
 
 start: validate the options, submit the script (as the user, no shell), follow the job through the shared queue
 (pending reason and expected start, then the node), wait for the job to report its port, return the node's address.
-poll: the job's phase from the shared queue (one scheduler query per interval for all servers).
-stop: cancel the job and wait until the scheduler says it is gone.
+poll: the job's phase from the shared queue (one scheduler query per interval for all servers). While the scheduler
+cannot be asked, the phase is UNKNOWN, and a running server is kept for ``unknown_grace`` seconds.
+stop: cancel the job and wait until the scheduler says it is gone; while the scheduler is not answering, the job is
+left to the orphan sweep (orphans.py), which cancels it as soon as the scheduler answers again.
 State (job id, port, token digest, why the last server ended) survives a hub restart: a running server is polled
 again, and a start finds a job of a spawn that was pending and adopts it instead of submitting another.
 """
@@ -13,20 +15,22 @@ import asyncio
 import os
 import pwd
 import sys
-import time
+from functools import partial
 
 from jupyterhub.spawner import Spawner
 from tornado import web
-from traitlets import Dict, Float, Instance, Integer, List, Unicode, default
+from jupyterhub.utils import exponential_backoff
+from traitlets import Dict, Float, Instance, Integer, List, Unicode, default, validate
 
 from . import api  # noqa: F401 -- installs the hardened callback routes
 from .api import token_digest
 from .commands import as_user, run
 from .form import render_form
+from .orphans import JobMark, OrphanSweeper, check_hub_tag
 from .options import JobRequest, OptionsError, request_to_options, validate_options
 from .profile import SiteProfile
 from .queue import JobQueue, shared_queue
-from .scheduler import ENDED, PENDING, RUNNING, JobInfo, Scheduler, load_scheduler
+from .scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo, Scheduler, load_scheduler
 from .script import ScriptContext, build_batch_script
 
 JOB_ENV = ("PATH", "HOME", "USER", "LANG")
@@ -37,7 +41,9 @@ class HpcdlSpawner(Spawner):
 
     profile = Instance(SiteProfile)
     python = Unicode(sys.executable, help="Python on the compute nodes that has jupyter_hpcdl (host side).").tag(config=True)
-    listen_ip = Unicode("0.0.0.0", help="Address the server listens on, on its node.").tag(config=True)
+    listen_ip = Unicode("", help="Address the server listens on, on its node. Empty (the default): the node's address "
+                        "on the network it reaches the hub by (the source address of its route to the hub's API). "
+                        "Never all interfaces unless set so (0.0.0.0).").tag(config=True)
     node_addresses = Dict(help="Node name → address the hub reaches it at; default: the name itself.").tag(config=True)
     exec_prefix = List(Unicode(), ["sudo", "-n", "-u", "{username}"],
                        help="How the hub runs the scheduler's commands as the user (argv, no shell).").tag(config=True)
@@ -46,12 +52,30 @@ class HpcdlSpawner(Spawner):
                                             "servers share them too).").tag(config=True)
     log_tail_lines = Integer(20, help="Lines of the job's log shown when it fails.").tag(config=True)
     job_name = Unicode("jupyterhub-hpcdl").tag(config=True)
+    hub_tag = Unicode("jupyterhub", help="Names this hub in its jobs' comments (letters, digits, '._-'); the orphan "
+                      "sweep cancels only jobs with this tag. Give each hub that shares a cluster its own.").tag(config=True)
+    unknown_grace = Float(1800.0, help="Seconds a running server is kept while the scheduler cannot be asked (an "
+                          "overloaded or restarting controller); after that, poll reports it stopped.").tag(config=True)
+    queue_max_backoff = Float(60.0, help="Longest wait between two tries while the scheduler is not answering "
+                              "(the wait doubles from queue_interval).").tag(config=True)
+    scheduler_timeout = Float(30.0, help="Seconds a scheduler command may take before it counts as not answering."
+                              ).tag(config=True)
+    cancel_timeout = Float(60.0, help="Seconds stop() tries to cancel the job and see it leave the queue.").tag(config=True)
+    route_refresh_interval = Float(10.0, help="While a spawn that was pending at a hub restart is followed, seconds "
+                                   "between two updates of the proxy's routes (so the servers kept meanwhile are "
+                                   "reachable before every start-up check is done).").tag(config=True)
+    orphan_interval = Float(300.0, help="Seconds between two sweeps for this hub's jobs that no server owns (0: no "
+                            "sweep).").tag(config=True)
 
     job_id = Unicode("")
     job_port = Integer(0)
     job_host = Unicode("")
     token_sha = Unicode("")
     last_end = Unicode("")
+
+    @validate("hub_tag")
+    def _check_hub_tag(self, proposal):
+        return check_hub_tag(proposal["value"])
 
     @default("profile")
     def _profile(self):
@@ -86,6 +110,8 @@ class HpcdlSpawner(Spawner):
         self._event_added = asyncio.Event()
         self._port_reported = asyncio.Event()
         self._start_done = False
+        self._unknown_said = False
+        start_sweeper(self)
 
     # -- pieces ----------------------------------------------------------------------------------------------------
     @property
@@ -96,7 +122,12 @@ class HpcdlSpawner(Spawner):
 
     @property
     def queue(self) -> JobQueue:
-        return shared_queue(self.scheduler, self.queue_interval)
+        queue = shared_queue(self.scheduler, self.queue_interval, self.queue_max_backoff)
+        queue.timeout = self.scheduler_timeout
+        return queue
+
+    def job_mark(self) -> JobMark:
+        return JobMark(self.hub_tag, self.user.name, self.name or "")
 
     def user_home(self) -> str:
         return pwd.getpwnam(self.user.name).pw_dir
@@ -110,7 +141,8 @@ class HpcdlSpawner(Spawner):
     def script_context(self) -> ScriptContext:
         singleuser = os.path.join(os.path.dirname(self.python), self.cmd[0]) if not os.path.isabs(self.cmd[0]) else self.cmd[0]
         return ScriptContext(python=self.python, output=self.log_path(), workdir=self.user_home(), listen_ip=self.listen_ip,
-                             job_name=self.job_name, singleuser_cmd=(singleuser, *self.cmd[1:], *self.get_args()))
+                             job_name=self.job_name, singleuser_cmd=(singleuser, *self.cmd[1:], *self.get_args()),
+                             comment=self.job_mark().comment())
 
     def batch_script(self, req: JobRequest) -> str:
         return build_batch_script(req, self.scheduler, self.script_context())
@@ -236,6 +268,14 @@ class HpcdlSpawner(Spawner):
             info = await self.queue.job(self.job_id, max_age=self.startup_poll_interval)
             if info is None or info.phase == ENDED:
                 raise RuntimeError(await self._ended_message(info))
+            if info.phase == UNKNOWN:
+                now = ("unknown",)
+                if now != said:
+                    self._event(f"The scheduler is not answering ({self.queue.error}); job {self.job_id} is kept and "
+                                "asked about again with backoff", 20)
+                    said = now
+                await asyncio.sleep(self.startup_poll_interval)
+                continue
             if info.phase == RUNNING and info.batch_host:
                 self._event(f"Job {self.job_id} is running on {info.batch_host}; preparing the container {req.image_ref}", 50)
                 return info.batch_host
@@ -275,8 +315,13 @@ class HpcdlSpawner(Spawner):
         """After a hub restart, JupyterHub asks a server it thinks is running for its URL. A spawn that was pending
         then (its job queued, or running without a port yet) is followed here to its end: once the job reports its
         port, the hub adopts the server like any running one. If the job ended, the old URL is returned and the hub
-        finds it unreachable and cleans up."""
+        finds it unreachable and cleans up.
+
+        JupyterHub routes the servers it kept only once every start-up check is done, so while this one follows its
+        job, the proxy's routes are brought up to date every ``route_refresh_interval`` seconds: the other servers
+        are reachable meanwhile."""
         if self.job_id and not self.job_port and not self._start_pending:
+            refresher = asyncio.ensure_future(self._refresh_routes())
             try:
                 req = self.request(self.user_options or self.orm_spawner.user_options or {})
                 self._port_reported.clear()
@@ -287,10 +332,21 @@ class HpcdlSpawner(Spawner):
             except Exception as e:  # never break the hub's start-up checks
                 self.log.warning("%s: pending job not adopted: %s", self._log_name, e)
                 return await super().get_url()
+            finally:
+                refresher.cancel()
         if self.job_id and self.job_port and self.job_host and self.server is not None:
             ip = self.node_addresses.get(self.job_host, self.job_host)
             return f"http://{ip}:{self.job_port}{self.server.base_url}"
         return await super().get_url()
+
+    async def _refresh_routes(self) -> None:
+        app = _hub_app()
+        while app is not None and getattr(app, "proxy", None) is not None:
+            await asyncio.sleep(self.route_refresh_interval)
+            try:
+                await app.proxy.check_routes(app.users, getattr(app, "_service_map", {}))
+            except Exception as e:  # the proxy may be restarting: try again next time
+                self.log.warning("%s: refreshing the proxy's routes failed: %s", self._log_name, e)
 
     async def progress(self):
         seen = 0
@@ -311,23 +367,144 @@ class HpcdlSpawner(Spawner):
             return 0
         info = await self.queue.job(self.job_id)
         if info is not None and info.phase in (PENDING, RUNNING):
+            if self._unknown_said:
+                self.log.info("%s: the scheduler answers again; job %s is %s", self._log_name, self.job_id, info.state)
+                self._unknown_said = False
             return None
+        if info is not None and info.phase == UNKNOWN:
+            waited = self.queue.unreachable_for()
+            if waited < self.unknown_grace:
+                if not self._unknown_said:
+                    self.log.warning("%s: job %s: %s; the server is kept (up to %.0f s)", self._log_name, self.job_id,
+                                     info.reason, self.unknown_grace)
+                    self._unknown_said = True
+                return None
+            self.last_end = (f"job {self.job_id}: the scheduler did not answer for {waited:.0f} s (more than the "
+                             f"site's {self.unknown_grace:.0f} s), so the hub stopped following the server")
+            self._save_state()
+            self.log.warning("%s: %s", self._log_name, self.last_end)
+            return 1
         message = await self._ended_message(info)
         self.log.warning("%s: %s", self._log_name, message)
         return 1
 
+    async def _cancel(self, job_id: str) -> bool:
+        """One try at cancelling ``job_id``: True once the scheduler took the cancellation (or forgot the job)."""
+        argv = [*as_user(self.exec_prefix, self.user.name), *self.scheduler.cancel_argv(job_id)]
+        try:
+            result = await run(argv, timeout=self.scheduler_timeout)
+        except RuntimeError as e:
+            self.log.warning("%s: %s", self._log_name, e)
+            return False
+        if result.returncode and not self.scheduler.job_forgotten(result.stderr + result.stdout):
+            self.log.warning("%s: cancelling job %s failed: %s", self._log_name, job_id, result.stderr.strip()[-300:])
+            return False
+        return True
+
+    async def _gone(self, job_id: str) -> bool:
+        info = await self.queue.job(job_id, max_age=0)
+        return info is None or info.phase == ENDED
+
     async def stop(self, now=False):
+        """Cancel the job and wait until it has left the queue, retrying with backoff within ``stop_timeout``
+        (``cancel_timeout``). A scheduler that does not answer meanwhile does not keep the hub
+        from stopping the server: the job is left to the orphan sweep, which cancels it once the scheduler
+        answers, and the next form says so."""
         if not self.job_id:
             return
         job_id = self.job_id
-        prefix = as_user(self.exec_prefix, self.user.name)
-        (await run([*prefix, *self.scheduler.cancel_argv(job_id)])).check(f"cancelling job {job_id}")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            info = await self.queue.job(job_id, max_age=0)
-            if info is None or info.phase == ENDED:
-                break
-            await asyncio.sleep(0.5)
-        else:
-            raise RuntimeError(f"job {job_id} is still in the queue 60 s after scancel")
+        timeout = max(self.cancel_timeout, 2)
+        try:
+            await exponential_backoff(partial(self._cancel, job_id), f"cancelling job {job_id}", start_wait=0.5,
+                                      max_wait=5, timeout=timeout / 2)
+            await exponential_backoff(partial(self._gone, job_id), f"job {job_id} leaving the queue", start_wait=0.5,
+                                      max_wait=2, timeout=timeout / 2)
+        except TimeoutError:
+            reason = self.queue.error or "the scheduler did not confirm it"
+            why = (f"job {job_id} could not be cancelled when the server was stopped ({reason}); the hub cancels it "
+                   "as soon as the scheduler answers")
+            self.log.warning("%s: %s", self._log_name, why)
+            self._forget_job(why)
+            return
         self._forget_job(f"job {job_id} cancelled when the server was stopped")
+
+
+# -- the hub's orphan sweep (one per hub process) -------------------------------------------------------------------
+_SWEEPER: OrphanSweeper | None = None
+
+
+def _hub_app():
+    """The running JupyterHub, once its database is open (None outside a hub, e.g. in tests)."""
+    from jupyterhub.app import JupyterHub
+
+    if not JupyterHub.initialized():
+        return None
+    app = JupyterHub.instance()
+    return app if getattr(app, "db", None) is not None and getattr(app, "hub", None) is not None else None
+
+
+def _owned_jobs(app) -> set[str]:
+    """Every job id a server's saved state names (the database is the record: spawns commit their job at once)."""
+    from jupyterhub import orm
+
+    return {str((row.state or {}).get("job_id") or "") for row in app.db.query(orm.Spawner)} - {""}
+
+
+def _tell_user(app, mark: JobMark, message: str) -> None:
+    """Put ``message`` on the user's next form (the named server's, or the default one's if that server is gone)."""
+    try:
+        user = app.users[mark.user]
+    except KeyError:
+        return
+    spawner = user.spawners[mark.server if mark.server in user.orm_spawners else ""]
+    if isinstance(spawner, HpcdlSpawner):
+        spawner.last_end = message
+        spawner._save_state()
+
+
+def start_sweeper(spawner: HpcdlSpawner) -> OrphanSweeper | None:
+    """Start the hub's orphan sweep, once per hub process, with the settings of the first spawner (a no-op outside
+    a running hub, or with ``orphan_interval = 0``)."""
+    global _SWEEPER
+    if _SWEEPER is not None or spawner.orphan_interval <= 0:
+        return _SWEEPER
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    app = _hub_app()
+    if app is None:
+        return None
+    _SWEEPER = OrphanSweeper(spawner.queue, spawner.hub_tag, partial(_owned_jobs, app), partial(_tell_user, app),
+                             spawner.exec_prefix, spawner.orphan_interval, spawner.log)
+    _SWEEPER.start()
+    spawner.log.info("jupyter-hpcdl: sweeping for jobs of hub %r without a server every %.0f s", spawner.hub_tag,
+                     spawner.orphan_interval)
+    return _SWEEPER
+
+
+def _sweep_from_hub_start() -> None:
+    """Start the sweep when the hub checks its spawners at start-up, even with no server running (so no spawner
+    made yet). JupyterHub has no start-up hook and imports spawner classes before its event loop runs, so this wraps
+    its ``init_spawners`` (once; a hub without HpcdlSpawner is left as it is)."""
+    try:
+        from jupyterhub.app import JupyterHub
+    except ImportError:
+        return
+    original = JupyterHub.init_spawners
+    if getattr(original, "hpcdl_sweep", False):
+        return
+
+    async def init_spawners(self):
+        if isinstance(self.spawner_class, type) and issubclass(self.spawner_class, HpcdlSpawner):
+            try:
+                self.spawner_class(config=self.config, hub=self.hub, db=self.db)  # its __init__ starts the sweep
+            except Exception:  # the hub must start even if the sweep cannot
+                self.log.exception("jupyter-hpcdl: the orphan sweep did not start")
+        return await original(self)
+
+    init_spawners.hpcdl_sweep = True
+    JupyterHub.init_spawners = init_spawners
+
+
+_sweep_from_hub_start()
