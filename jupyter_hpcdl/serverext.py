@@ -1,9 +1,12 @@
 """Jupyter server extension: inside a batch job, run the allocation's owner (see allocation.py) on a Unix socket in
 the user's private job directory, so that kernels (inside containers) can ask it for engines and report their
-training session; and serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenticated) to the JupyterLab panel."""
+training session; and serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenticated) to the JupyterLab panel.
+
+Both handlers are coroutines that await the owner's router on the server's own event loop: the owner's commands are
+asyncio subprocesses, so a slow ``sbatch`` blocks only the request that asked for it, never the rest of the lab, and
+the loop alone touches the owner's state (no threads)."""
 from __future__ import annotations
 
-import asyncio
 import atexit
 import json
 import os
@@ -17,31 +20,34 @@ from tornado.netutil import bind_unix_socket
 
 from .allocation import SOCKET_ENV, AllocationOwner, default_socket_path, handle
 
+#: The descriptor of the socket that holds the server's port until the server listens on it (set by the job).
+HELD_PORT_ENV = "HPCDL_HELD_PORT_FD"
+
 
 class _OwnerHandler(web.RequestHandler):
-    def initialize(self, owner: AllocationOwner):
+    def initialize(self, owner: AllocationOwner) -> None:
         self.owner = owner
 
-    def _answer(self, method: str):
+    async def _answer(self, method: str) -> None:
         try:
             body = json.loads(self.request.body or b"{}")
         except ValueError:
             body = None
-        status, reply = handle(self.owner, method, self.request.path, body if isinstance(body, dict) else {})
+        status, reply = await handle(self.owner, method, self.request.path, body if isinstance(body, dict) else {})
         self.set_status(status)
         self.finish(json.dumps(reply))
 
-    def get(self):
-        self._answer("GET")
+    async def get(self) -> None:
+        await self._answer("GET")
 
-    def post(self):
-        self._answer("POST")
+    async def post(self) -> None:
+        await self._answer("POST")
 
-    def put(self):
-        self._answer("PUT")
+    async def put(self) -> None:
+        await self._answer("PUT")
 
-    def delete(self):
-        self._answer("DELETE")
+    async def delete(self) -> None:
+        await self._answer("DELETE")
 
 
 class AllocationHandler(APIHandler):
@@ -49,22 +55,43 @@ class AllocationHandler(APIHandler):
 
     auth_resource = "hpcdl"
 
-    def initialize(self, owner: AllocationOwner):
+    def initialize(self, owner: AllocationOwner) -> None:
         self.owner = owner
 
     @web.authenticated
     @authorized
-    async def get(self):
-        status, reply = await asyncio.to_thread(handle, self.owner, "GET", "/allocation", {})
+    async def get(self) -> None:
+        status, reply = await handle(self.owner, "GET", "/allocation", {})
         self.set_status(status)
         self.finish(json.dumps(reply))
+
+
+def serve_owner(owner: AllocationOwner, path: str) -> HTTPServer:
+    """Serve the owner's API on a Unix socket at ``path`` (mode 0600, in a directory of mode 0700) on the current
+    event loop."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.chmod(os.path.dirname(path), 0o700)
+    server = HTTPServer(web.Application([(r"/.*", _OwnerHandler, {"owner": owner})]))
+    server.add_socket(bind_unix_socket(path, mode=0o600))
+    return server
 
 
 def _jupyter_server_extension_points():
     return [{"module": "jupyter_hpcdl.serverext"}]
 
 
+def _release_held_port(serverapp, fd: int, tries: int = 300) -> None:
+    """Close the socket the job held the port with (see spawner/jobside.py) once the server listens on the port."""
+    if getattr(getattr(serverapp, "http_server", None), "_sockets", None) or tries <= 0:
+        os.close(fd)
+        return
+    serverapp.io_loop.call_later(0.2, _release_held_port, serverapp, fd, tries - 1)
+
+
 def _load_jupyter_server_extension(serverapp):
+    held = os.environ.pop(HELD_PORT_ENV, "")
+    if held.isdigit():
+        serverapp.io_loop.add_callback(_release_held_port, serverapp, int(held))
     owner = AllocationOwner()
     route = url_path_join(serverapp.web_app.settings["base_url"], "jupyter-hpcdl", "allocation")
     serverapp.web_app.add_handlers(".*$", [(route, AllocationHandler, {"owner": owner})])
@@ -72,11 +99,8 @@ def _load_jupyter_server_extension(serverapp):
         serverapp.log.info("jupyter_hpcdl: not inside a batch job; no allocation owner")
         return
     path = os.environ.get(SOCKET_ENV) or default_socket_path(owner.job_id)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    os.chmod(os.path.dirname(path), 0o700)
-    server = HTTPServer(web.Application([(r"/.*", _OwnerHandler, {"owner": owner})]))
-    server.add_socket(bind_unix_socket(path, mode=0o600))
+    serve_owner(owner, path)
     os.environ[SOCKET_ENV] = path  # kernels started from now on find it (passed into containers by name)
     serverapp.web_app.settings["hpcdl_allocation_owner"] = owner
-    atexit.register(owner.stop_all)  # the job ends: its engine steps and the jobs it submitted end with it
+    atexit.register(owner.stop_all_sync)  # the job ends: its engine steps and the jobs it submitted end with it
     serverapp.log.info("jupyter_hpcdl: allocation owner for job %s at %s", owner.job_id, path)

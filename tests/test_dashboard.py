@@ -1,26 +1,36 @@
 """The dashboard without a browser: its pure parts, the allocation owner's session report and time left, the
-widget models driven by their buttons against real local ranks, and the server extension's handler in a real
-Jupyter server (authenticated; outside a batch job it says so)."""
+owner's socket on an event loop with Slurm's commands faked (a slow one blocks nothing else), the widget models
+driven by their buttons against real local ranks, and the server extension's handler in a real Jupyter server
+(authenticated; outside a batch job it says so)."""
+import asyncio
+import contextlib
 import json
 import os
 import re
-import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
+from jupyter_hpcdl import allocation
 from jupyter_hpcdl.allocation import (MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, parse_time_left,
-                                      session_report)
+                                      request, run_command, session_report)
 from jupyter_hpcdl.jobvalues import gres_count
 from jupyter_hpcdl.dashboard.series import (batches_per_epoch, epoch_progress, parse_rank_counts, rank_series,
                                             rank_table_html)
 from jupyter_hpcdl.training.metrics import rank_rows
 
 from jupyterserver import running_jupyter
+
+
+def ask(owner: AllocationOwner, method: str, path: str, body: dict) -> tuple[int, dict]:
+    return asyncio.run(handle(owner, method, path, body))
 
 
 # -- pure parts ------------------------------------------------------------------------------------------------------
@@ -56,9 +66,9 @@ def test_session_report_keeps_only_known_plain_fields():
 
 def test_owner_keeps_each_kernels_report_and_refuses_bad_ones():
     owner = AllocationOwner(environ={})
-    assert handle(owner, "PUT", "/session", {"id": "a", "session": "idle", "ranks": [{"rank": 0}]})[0] == 200
+    assert ask(owner, "PUT", "/session", {"id": "a", "session": "idle", "ranks": [{"rank": 0}]})[0] == 200
     assert owner.current_session()["ranks"][0]["rank"] == 0
-    status, reply = handle(owner, "PUT", "/session", {"id": "a", "session": "bogus"})
+    status, reply = ask(owner, "PUT", "/session", {"id": "a", "session": "bogus"})
     assert status == 400 and "session must be one of" in reply["message"]
     assert owner.current_session()["session"] == "idle", "a refused report changes nothing"
     owner.report(session_report({"id": "b", "session": "training", "ranks": []}), now=time.time() + 1)
@@ -73,9 +83,9 @@ def test_owner_keeps_each_kernels_report_and_refuses_bad_ones():
     assert owner.current_session(now=time.time() + 90)["session"] == "walltime"
     with pytest.raises(ValueError, match="message must be a string"):
         session_report({"id": "c", "session": "idle", "message": {"html": "<b>"}})
-    status, reply = handle(owner, "GET", "/jobs/12345", {})  # the time left of a job it did not submit: refused
+    status, reply = ask(owner, "GET", "/jobs/12345", {})  # the time left of a job it did not submit: refused
     assert status == 400 and "was not submitted through this allocation's owner" in reply["message"]
-    outside = handle(owner, "GET", "/allocation", {})[1]
+    outside = ask(owner, "GET", "/allocation", {})[1]
     assert outside["in_job"] is False and "Not in a batch job" in outside["message"]
 
 
@@ -124,24 +134,171 @@ def test_owner_keeps_a_bounded_number_of_sessions():
     assert [s["id"] for s in owner.all_sessions(now=late)] == ["new"]
 
 
-def test_owner_describes_every_session_beside_the_newest(monkeypatch):
-    owner = AllocationOwner(environ={"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-2]"})
-    monkeypatch.setattr("jupyter_hpcdl.allocation.hostnames", lambda nodelist: ["node1", "node2"])
+# -- the owner on its socket, with Slurm's commands faked --------------------------------------------------------------
+#: Scripts for Slurm's commands (``{bin}``: where they are): a two-node job with 29:10 left; sbatch takes
+#: $FAKE_SBATCH_SECONDS; srun steps run until stopped, ignoring SIGTERM where $FAKE_SRUN_STUBBORN is set.
+FAKE_SLURM = {
+    "scontrol": "echo node1; echo node2",
+    "squeue": 'case "$5" in %L) echo 0:29:10 ;; *) echo "0:29:10|gpu|gpu:1" ;; esac',
+    "sbatch": 'echo $$ > {bin}/sbatch.pid; sleep "${{FAKE_SBATCH_SECONDS:-0}}"; echo "Submitted batch job 4242"',
+    "scancel": 'echo "$@" >> {bin}/scancel.called',
+    "srun": '[ -z "$FAKE_SRUN_STUBBORN" ] || trap "" TERM; echo $$ >> {bin}/srun.pids; sleep 60',
+}
 
-    def squeue(argv, **kwargs):
-        assert argv[0] == "squeue"
-        return subprocess.CompletedProcess(argv, 0, "0:29:10|gpu|gpu:1\n", "")
 
-    monkeypatch.setattr("jupyter_hpcdl.allocation.subprocess.run", squeue)
-    assert owner.describe()["all_sessions"] == [] and owner.describe()["session"] == "none"
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch) -> dict[str, str]:
+    """The environment of job 42 whose Slurm commands are :data:`FAKE_SLURM`, first on its PATH; HOME is tmp_path,
+    with a batch script in it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in FAKE_SLURM.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body.format(bin=bin_dir)}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "job.sbatch").write_text("#!/bin/sh\n")
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-2]"}
+
+
+@contextlib.contextmanager
+def owner_serving(owner: AllocationOwner, path: Path):
+    """The owner's socket as the server extension serves it, on an event loop in a thread of its own (the test's
+    thread plays the kernels); yields the socket's path. At the end, what still runs on the loop is cancelled."""
+    from jupyter_hpcdl.serverext import serve_owner
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start():
+        return serve_owner(owner, str(path))
+
+    async def stop(server):
+        server.stop()
+        rest = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
+    server = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    try:
+        yield str(path)
+    finally:
+        asyncio.run_coroutine_threadsafe(stop(server), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def wait_until(condition, what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not in {timeout} s: {what}"
+        time.sleep(0.02)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies do not count)."""
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(OSError):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def test_owner_describes_every_session_beside_the_newest(fake_slurm):
+    owner = AllocationOwner(environ=fake_slurm)
+    first = ask(owner, "GET", "/allocation", {})[1]
+    assert first["all_sessions"] == [] and first["session"] == "none"
     now = time.time()
     owner.report(session_report({"id": "a", "session": "idle", "ranks": [{"rank": 0}]}), now=now - 2)
     owner.report(session_report({"id": "b", "session": "training", "ranks": [{"rank": 0}, {"rank": 1}]}), now=now)
-    body = json.loads(json.dumps(handle(owner, "GET", "/allocation", {})[1]))
+    body = json.loads(json.dumps(ask(owner, "GET", "/allocation", {})[1]))
     assert body["in_job"] is True and body["job_id"] == "42" and body["time_left_s"] == 29 * 60 + 10
+    assert (body["nodes"], body["partition"], body["gpus_per_node"]) == (["node1", "node2"], "gpu", 1)
     assert (body["session"], len(body["ranks"]), body["sessions"]) == ("training", 2, 2), "unchanged: the newest"
     assert [(s["id"], s["session"], len(s["ranks"])) for s in body["all_sessions"]] == [("b", "training", 2),
                                                                                         ("a", "idle", 1)]
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_sbatch_does_not_block_the_lab(fake_slurm, tmp_path):
+    owner = AllocationOwner({**fake_slurm, "FAKE_SBATCH_SECONDS": "5"})
+    with owner_serving(owner, tmp_path / "job" / "a.sock") as sock, ThreadPoolExecutor(1) as pool:
+        submitted = pool.submit(request, sock, "POST", "/jobs", {"batch_file": str(tmp_path / "job.sbatch")})
+        wait_until(lambda: (tmp_path / "bin" / "sbatch.pid").exists(), "sbatch started")
+        began = time.monotonic()
+        described = request(sock, "GET", "/allocation", timeout=10)
+        took = time.monotonic() - began
+        assert not submitted.done(), "sbatch was still running"
+        assert took < 2, f"GET /allocation waited {took:.1f} s behind a slow sbatch on the same loop"
+        assert described["nodes"] == ["node1", "node2"] and described["time_left_s"] == 29 * 60 + 10
+        assert submitted.result(30) == {"job_id": "4242", "output": "Submitted batch job 4242"}
+
+
+@pytest.mark.timeout(60)
+def test_the_client_says_what_hung_or_failed(fake_slurm, tmp_path):
+    owner = AllocationOwner({**fake_slurm, "FAKE_SBATCH_SECONDS": "30"})
+    with owner_serving(owner, tmp_path / "job" / "a.sock") as sock:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"^the allocation owner did not answer POST /jobs in 0\.5 s$"):
+            request(sock, "POST", "/jobs", {"batch_file": str(tmp_path / "job.sbatch")}, timeout=0.5)
+        assert time.monotonic() - began < 5
+        with pytest.raises(RuntimeError, match="^the allocation owner refused PUT /session: session must be one of"):
+            request(sock, "PUT", "/session", {"session": "bogus"})
+        assert request(sock, "GET", "/allocation", timeout=10)["in_job"] is True, "the owner still answers"
+        sbatch = int((tmp_path / "bin" / "sbatch.pid").read_text())
+    wait_until(lambda: not group_alive(sbatch), "the hung sbatch killed once its request was cancelled", 5)
+    with pytest.raises(ConnectionError, match=r"^no allocation owner answers at .*a\.sock \(GET /allocation\)"):
+        request(sock, "GET", "/allocation")
+
+
+def test_a_hung_command_is_killed_and_named(fake_slurm, tmp_path, monkeypatch):
+    monkeypatch.setattr(allocation, "COMMAND_TIMEOUT_S", 0.5)
+    owner = AllocationOwner({**fake_slurm, "FAKE_SBATCH_SECONDS": "30"})
+    began = time.monotonic()
+    assert ask(owner, "POST", "/jobs", {"batch_file": str(tmp_path / "job.sbatch")}) == (
+        400, {"message": "sbatch did not answer in 0.5 s"})
+    assert time.monotonic() - began < 5
+    sbatch = int((tmp_path / "bin" / "sbatch.pid").read_text())
+    wait_until(lambda: not group_alive(sbatch), "the hung sbatch and its sleep killed", 5)
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"^sleep did not answer in 0\.2 s$"):  # the blocking one, for atexit
+        run_command(["sleep", "30"], 0.2)
+    assert time.monotonic() - began < 5
+
+
+@pytest.mark.timeout(60)
+def test_engine_steps_stop_by_process_group_on_the_loop_and_at_exit(fake_slurm, tmp_path, monkeypatch):
+    monkeypatch.setattr(allocation, "STOP_GRACE_S", 0.5)
+    owner = AllocationOwner({**fake_slurm, "FAKE_SRUN_STUBBORN": "1"})  # steps that ignore SIGTERM
+    engines = {"ranks": 2, "image": "hpcdl/base:latest", "connection_file": str(tmp_path / "engine.json")}
+    pids = tmp_path / "bin" / "srun.pids"
+
+    def start(steps: int) -> list[int]:
+        for _ in range(steps):
+            assert ask(owner, "POST", "/engines", engines)[0] == 201
+        wait_until(lambda: pids.exists() and len(pids.read_text().split()) == steps, "steps ignoring SIGTERM")
+        return [int(pid) for pid in pids.read_text().split()]
+
+    steps = start(2)
+    assert [s["running"] for s in ask(owner, "GET", "/allocation", {})[1]["engine_steps"]] == [True, True]
+    began = time.monotonic()
+    assert ask(owner, "DELETE", "/engines", {}) == (200, {"stopped": 2})
+    assert 0.5 <= time.monotonic() - began < 5, "SIGKILL once the grace is over, for both steps together"
+    wait_until(lambda: not any(group_alive(pid) for pid in steps), "both steps' groups gone", 5)
+    assert ask(owner, "GET", "/allocation", {})[1]["engine_steps"] == []
+
+    pids.unlink()  # at exit, without an event loop: the steps and the jobs it submitted end too
+    assert ask(owner, "POST", "/jobs", {"batch_file": str(tmp_path / "job.sbatch")})[1]["job_id"] == "4242"
+    assert ask(owner, "GET", "/jobs/4242", {}) == (200, {"job_id": "4242", "time_left_s": 29 * 60 + 10})
+    steps = start(1)
+    owner.stop_all_sync()
+    wait_until(lambda: not group_alive(steps[0]), "the step's group gone at exit", 5)
+    assert owner._steps == []
+    assert (tmp_path / "bin" / "scancel.called").read_text().split() == ["4242"]
+    assert ask(owner, "GET", "/jobs/4242", {})[0] == 400, "forgotten once cancelled"
+
 
 def _frame(records):
     return pd.DataFrame(records, columns=["rank", "epoch", "batch", "loss", "samples_per_s", "step_time_s"])
@@ -305,3 +462,21 @@ def test_handler_says_plainly_when_not_in_a_batch_job(jupyter_server):
     req = urllib.request.Request(f"{url}/jupyter-hpcdl/allocation", headers={"Authorization": f"token {token}"})
     body = json.loads(urllib.request.urlopen(req, timeout=10).read())
     assert body["in_job"] is False and body["message"].startswith("Not in a batch job")
+
+
+@pytest.mark.timeout(120)
+def test_in_a_job_the_panel_answers_while_sbatch_runs_and_exit_cancels_the_job(fake_slurm, tmp_path):
+    sock = str(tmp_path / "job" / "a.sock")
+    env = {**fake_slurm, "HPCDL_ALLOCATION_FILE": sock, "FAKE_SBATCH_SECONDS": "5"}
+    with running_jupyter("jupyter_server", tmp_path, tmp_path / "server.log", env=env) as (url, token), \
+            ThreadPoolExecutor(1) as pool:
+        submitted = pool.submit(request, sock, "POST", "/jobs", {"batch_file": str(tmp_path / "job.sbatch")})
+        wait_until(lambda: (tmp_path / "bin" / "sbatch.pid").exists(), "sbatch started")
+        began = time.monotonic()
+        req = urllib.request.Request(f"{url}/jupyter-hpcdl/allocation", headers={"Authorization": f"token {token}"})
+        body = json.loads(urllib.request.urlopen(req, timeout=10).read())
+        took = time.monotonic() - began
+        assert not submitted.done() and took < 2, f"the panel waited {took:.1f} s behind a slow sbatch"
+        assert (body["in_job"], body["job_id"], body["nodes"]) == (True, "42", ["node1", "node2"])
+        assert submitted.result(30)["job_id"] == "4242"
+    assert (tmp_path / "bin" / "scancel.called").read_text().split() == ["4242"], "the server's exit cancels it"

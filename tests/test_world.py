@@ -1,4 +1,6 @@
 """Rank slots computed from the batch system's layout agree with Horovod's own plan."""
+import asyncio
+
 import pytest
 
 from jupyter_hpcdl.allocation import AllocationOwner, engine_srun_argv, handle
@@ -6,6 +8,10 @@ from jupyter_hpcdl.world import (Slot, expand_tasks_per_node, gloo_env, hosts_fr
                                  slurm_slot)
 
 hosts_mod = pytest.importorskip("horovod.runner.common.util.hosts")
+
+
+def ask(owner: AllocationOwner, method: str, path: str, body: dict) -> tuple[int, dict]:
+    return asyncio.run(handle(owner, method, path, body))
 
 
 @pytest.mark.parametrize("layout", [[("node1", 1), ("node2", 1)], [("node1", 2), ("node2", 1)],
@@ -66,12 +72,12 @@ def test_engine_step_runs_engines_in_the_container_one_gpu_each():
 
 def test_owner_api_validates_and_says_what_is_wrong():
     owner = AllocationOwner(environ={})
-    assert handle(owner, "GET", "/allocation", {})[1]["job_id"] is None
-    assert handle(owner, "POST", "/engines", {"ranks": "4", "image": "x", "connection_file": "/x"}) == (
+    assert ask(owner, "GET", "/allocation", {})[1]["job_id"] is None
+    assert ask(owner, "POST", "/engines", {"ranks": "4", "image": "x", "connection_file": "/x"}) == (
         400, {"message": "ranks must be a whole number from 1 to 4096"})
-    assert handle(owner, "POST", "/engines", {"ranks": 2, "image": "hpcdl/base:latest", "connection_file": "/x"}) == (
+    assert ask(owner, "POST", "/engines", {"ranks": 2, "image": "hpcdl/base:latest", "connection_file": "/x"}) == (
         400, {"message": "not inside a batch job"})
-    assert handle(owner, "PUT", "/nope", {})[0] == 404
+    assert ask(owner, "PUT", "/nope", {})[0] == 404
 
 
 def test_new_allocation_script_is_built_from_checked_values():
@@ -109,10 +115,10 @@ def test_engines_that_did_not_join_one_world_are_refused():
 def test_owner_submits_and_cancels_only_what_it_should(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     owner = AllocationOwner(environ={"PATH": "/usr/bin:/bin"})
-    status, reply = handle(owner, "POST", "/jobs", {"batch_file": "/etc/passwd"})
+    status, reply = ask(owner, "POST", "/jobs", {"batch_file": "/etc/passwd"})
     assert status == 400 and "in your home directory" in reply["message"]
-    status, reply = handle(owner, "POST", "/jobs", {"batch_file": str(tmp_path / "missing.sbatch")})
+    status, reply = ask(owner, "POST", "/jobs", {"batch_file": str(tmp_path / "missing.sbatch")})
     assert status == 400 and "existing file" in reply["message"]
-    status, reply = handle(owner, "DELETE", "/jobs/12345", {})
+    status, reply = ask(owner, "DELETE", "/jobs/12345", {})
     assert status == 400 and "not submitted through this allocation's owner" in reply["message"]
-    assert handle(owner, "DELETE", "/jobs/1;rm", {})[0] == 404
+    assert ask(owner, "DELETE", "/jobs/1;rm", {})[0] == 404
