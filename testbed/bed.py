@@ -15,10 +15,12 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,7 +33,9 @@ PREFIX = Path(os.environ.get("HPCDL_PREFIX", "/opt/jupyter-hpcdl"))
 CACHE = Path(os.environ.get("HPCDL_CACHE", "/var/cache/jupyter-hpcdl"))
 STATE = Path(os.environ.get("HPCDL_TESTBED_STATE", "/var/lib/jupyter-hpcdl-testbed"))
 VENV = PREFIX / "venv"
-USERS = ("alice", "bob")
+#: A workshop's attendees (the hub's load test spawns them all at once); each gets the small OS image.
+WORKSHOP_USERS = tuple(f"w{i:02d}" for i in range(1, 21))
+USERS = ("alice", "bob", *WORKSHOP_USERS)
 IMAGE_USERS = ("alice",)  # users whose udocker gets the image at start-up (bob's stays empty)
 SLURM_ETC = Path("/etc/slurm")
 SITE_JSON = Path("/etc/jupyter-hpcdl/site.json")
@@ -141,7 +145,7 @@ def wait_nodes_idle(timeout: float = 60) -> None:
         for n, s in states.items():
             if s.rstrip("*~#") in ("down", "drained", "draining", "inval"):
                 sh("scontrol", "update", f"nodename={n}", "state=resume", check=False)
-        return set(states) == set(config.NODES) and all(s.rstrip("*~#") in ("idle", "mixed", "allocated")
+        return set(states) == set(config.NODES) and all(s.rstrip("*~#") in ("idle", "mixed", "allocated", "planned")
                                                        for s in states.values())
     wait_for(idle, timeout, "slurm nodes")
 
@@ -186,16 +190,16 @@ def udocker_tools() -> None:
     stamp.write_text(key + "\n")
 
 
-def user_image(user: str, identity: dict) -> None:
+def user_image(user: str, identity: dict, name: str = image.IMAGE) -> None:
     """Pull the image into the user's udocker (the real pull path) and create their container, once per build."""
-    stamp = STATE / f"users/{user}.image.json"
+    stamp = STATE / (f"users/{user}.image.json" if name == image.IMAGE else f"users/{user}.{name.replace('/', '_')}.json")
     if stamp.exists() and json.loads(stamp.read_text()) == identity:
         return
-    log(f"{user}: pull {image.IMAGE}:latest and create the container")
+    log(f"{user}: pull {name}:latest and create the container")
     cli = str(VENV / "bin/hpcdl-containers")
-    if f"{image.IMAGE}:latest" in as_user(user, cli, "images").stdout.split():
-        as_user(user, cli, "rmi", f"{image.IMAGE}:latest")  # drops the earlier build's layers (its container stays)
-    for argv in ((cli, "pull", f"{image.IMAGE}:latest"), (cli, "ensure", f"{image.IMAGE}:latest")):
+    if f"{name}:latest" in as_user(user, cli, "images").stdout.split():
+        as_user(user, cli, "rmi", f"{name}:latest")  # drops the earlier build's layers (its container stays)
+    for argv in ((cli, "pull", f"{name}:latest"), (cli, "ensure", f"{name}:latest")):
         r = as_user(user, *argv)
         if r.returncode:
             raise RuntimeError(f"{user}: {' '.join(argv[1:])} failed: {r.stderr.strip()}")
@@ -238,6 +242,8 @@ def up() -> dict:
     identity = image.build(CACHE / "image", VENV, image.project_wheel(CACHE), config.REGISTRY, STATE / "image.json")
     for user in IMAGE_USERS:
         user_image(user, identity)
+    with ThreadPoolExecutor(4) as pool:  # the attendees' small images, a few at a time
+        list(pool.map(lambda user: user_image(user, identity, image.OS_IMAGE), WORKSHOP_USERS))
     changed = prepare_hub()
     changed |= write_if_changed(STATE / "hub/package.json", json.dumps(identity) + "\n")  # the hub runs this code
     if changed and hub().stop():
@@ -253,7 +259,8 @@ def up() -> dict:
 def describe(identity: dict | None = None) -> dict:
     return {
         "state": str(STATE), "prefix": str(PREFIX), "venv": str(VENV), "cache": str(CACHE),
-        "users": list(USERS), "image_users": list(IMAGE_USERS), "nodes": list(config.NODES),
+        "users": list(USERS), "image_users": list(IMAGE_USERS), "workshop_users": list(WORKSHOP_USERS),
+        "nodes": list(config.NODES),
         "gpus_per_node": config.GPUS_PER_NODE, "partition": config.PARTITION,
         "image": f"{image.IMAGE}:latest", "os_image": f"{image.OS_IMAGE}:latest",
         "identity": identity or json.loads((STATE / "image.json").read_text()),
@@ -261,6 +268,67 @@ def describe(identity: dict | None = None) -> dict:
         "registry": f"http://{config.REGISTRY}", "site_config": str(SITE_JSON),
         "hub_url": f"http://127.0.0.1:{config.HUB_PORT}", "hub_dir": str(STATE / "hub"),
     }
+
+
+# -- faults, for the fault-injection tests (by the pids the bed recorded, never by name) ---------------------------
+def controller() -> Daemon:
+    return slurm_daemons()[0]
+
+
+def node_daemon(node: str) -> Daemon:
+    return next(d for d in slurm_daemons() if d.name == f"slurmd-{node}")
+
+
+def signal_controller(sig: int) -> int:
+    """Send ``sig`` to the recorded slurmctld (SIGSTOP: frozen, as an overloaded controller looks; SIGCONT: back;
+    SIGKILL: dead). Return its pid."""
+    pid = controller().pid()
+    if pid is None:
+        raise RuntimeError("slurmctld is not running")
+    os.kill(pid, sig)
+    return pid
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Pids of a job's processes on this machine: its slurmstepd and every process in its environment."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline.startswith(f"slurmstepd: [{job_id}.".encode()) or f"SLURM_JOB_ID={job_id}".encode() in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_node(node: str) -> list[int]:
+    """The node dies: its slurmd and the processes of the jobs running on it are killed (SIGKILL). Return the pids."""
+    jobs = sh("squeue", "-h", "-w", node, "-o", "%i", check=False).stdout.split()
+    pid = node_daemon(node).pid()
+    victims = ([pid] if pid else []) + [p for job in jobs for p in job_processes(job)]
+    for victim in victims:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    node_daemon(node).pidfile.unlink(missing_ok=True)
+    return victims
+
+
+def heal() -> None:
+    """Back to a healthy bed after a fault: the controller thawed or restarted, every slurmd running, nodes idle,
+    the hub running."""
+    pid = controller().pid()
+    if pid is not None:
+        os.kill(pid, signal.SIGCONT)
+    for d in slurm_daemons():
+        d.start()
+    wait_nodes_idle(120)
+    hub().start()
 
 
 def cancel_jobs(timeout: float = 60) -> None:

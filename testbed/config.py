@@ -10,9 +10,11 @@ CTLD_PORT = 16817
 REGISTRY = "127.0.0.1:5000"
 HUB_PORT = 8000
 PARTITION = "gpu"
+CPU_PARTITION = "cpu"  # the same nodes without GPUs: a workshop's first steps
+CPUS_PER_NODE = 16
 
 
-def slurm_conf(state: Path, cpus: int = GPUS_PER_NODE, memory_mb: int = 4000) -> str:
+def slurm_conf(state: Path, cpus: int = CPUS_PER_NODE, memory_mb: int = 4000) -> str:
     nodes = "\n".join(
         f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={cpus} RealMemory={memory_mb} "
         f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN" for n, p in NODES.items()
@@ -29,7 +31,8 @@ SlurmctldPidFile={state}/run/slurmctld.pid
 SlurmdPidFile={state}/run/slurmd-%n.pid
 SlurmctldLogFile={state}/log/slurmctld.log
 SlurmdLogFile={state}/log/slurmd-%n.log
-# Each node offers one CPU slot per GPU (one training rank per GPU), more than this machine's cores: trust the config.
+# Each node offers more CPU slots than this machine has cores (a training rank per GPU, and CPU-only servers for a
+# workshop beside them): trust the config.
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -47,10 +50,11 @@ MpiDefault=none
 KillWait=5
 MinJobAge=60
 SlurmctldTimeout=30
-SlurmdTimeout=60
+SlurmdTimeout=30
 InactiveLimit=0
 {nodes}
 PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=1-00:00:00 DefaultTime=01:00:00 State=UP
+PartitionName={CPU_PARTITION} Nodes={",".join(NODES)} MaxTime=04:00:00 DefaultTime=01:00:00 State=UP
 """
 
 
@@ -101,14 +105,22 @@ c.JupyterHub.cleanup_servers = False  # a hub restart leaves the users' jobs alo
 c.Spawner.poll_interval = 10
 c.Spawner.default_url = "/lab"
 c.HpcdlSpawner.python = "{prefix}/venv/bin/python"
-c.HpcdlSpawner.listen_ip = "127.0.0.1"
-c.HpcdlSpawner.node_addresses = {nodes!r}
+c.HpcdlSpawner.node_addresses = {nodes!r}  # listen_ip stays the default: the node's address on its route to the hub
 c.HpcdlSpawner.queue_interval = 2.0
+# Faults come quickly on the bed: a short backoff, timeout and sweep interval (the defaults suit a real cluster).
+c.HpcdlSpawner.hub_tag = "testbed"
+c.HpcdlSpawner.queue_max_backoff = 8.0
+c.HpcdlSpawner.scheduler_timeout = 10.0
+c.HpcdlSpawner.cancel_timeout = 30.0
+c.HpcdlSpawner.orphan_interval = 10.0
 c.SiteProfile.partitions = {{"{PARTITION}": {{"max_nodes": {len(NODES)}, "max_gpus_per_node": {GPUS_PER_NODE},
                                          "max_walltime": "04:00:00", "max_memory_gb": 3,
-                                         "description": "test-bed GPU nodes"}}}}
+                                         "description": "test-bed GPU nodes"}},
+                            "{CPU_PARTITION}": {{"max_nodes": 1, "max_gpus_per_node": 0, "max_walltime": "04:00:00",
+                                         "description": "the same nodes, no GPU (workshops)"}}}}
 c.SiteProfile.accounts = {{"*": ["hpcdl"], "alice": ["hpcdl", "alice-project"]}}
-c.SiteProfile.images = {{"base": {{"ref": "hpcdl/base:latest", "description": "TensorFlow 2.15, Horovod 0.28.1"}}}}
+c.SiteProfile.images = {{"base": {{"ref": "hpcdl/base:latest", "description": "TensorFlow 2.15, Horovod 0.28.1"}},
+                        "os": {{"ref": "hpcdl/os:latest", "description": "Debian 12 and Python, no TensorFlow"}}}}
 # A service whose token drives the REST API in tests (the token is in a root-only file).
 c.JupyterHub.services = [{{"name": "testbed", "api_token": open("{state}/hub/service_token").read().strip()}}]
 c.JupyterHub.load_roles = [{{"name": "testbed", "services": ["testbed"],

@@ -118,10 +118,11 @@ def pytest_sessionfinish(session, exitstatus):
     fails)."""
     if not bed_is_up():
         return
+    users = json.loads((STATE / "bed.json").read_text()).get("users", ["alice", "bob"])
     deadline = time.monotonic() + 30  # a cancelled job's processes take a moment to go
     while True:
-        queue = subprocess.run(["squeue", "-h", "-u", "alice,bob", "-o", "%i %T"], capture_output=True, text=True).stdout
-        left = [f"{p.pid} {p.info['username']} {' '.join(p.info['cmdline'] or [])}" for p in user_processes("alice", "bob")]
+        queue = subprocess.run(["squeue", "-h", "-u", ",".join(users), "-o", "%i %T"], capture_output=True, text=True).stdout
+        left = [f"{p.pid} {p.info['username']} {' '.join(p.info['cmdline'] or [])}" for p in user_processes(*users)]
         if not (queue.strip() or left) or time.monotonic() > deadline:
             break
         time.sleep(1)

@@ -62,6 +62,17 @@ class Hub:
         assert status in (202, 204), (status, body)
         self.wait_gone(user, name=name)
 
+    def wait_routed(self, user: str, name: str = "", timeout: float = 60) -> None:
+        """Wait until the proxy routes to the server (after a hub restart, JupyterHub adds the routes of the servers
+        it kept only once its start-up checks are done)."""
+        path = f"/user/{user}/" + (f"{name}/" if name else "") + "api/status"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.api("GET", path)[0] == 200:
+                return
+            time.sleep(1)
+        raise TimeoutError(f"the proxy does not route to {user}'s server {name!r} after {timeout} s")
+
     def run_in_kernel(self, user: str, code: str, kernel: str = "hpcdl", timeout: float = 120) -> str:
         """Start a kernel on ``user``'s server, run ``code``, return its stdout, shut the kernel down."""
         base = f"/user/{user}/api/kernels"

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -38,8 +39,10 @@ def clean(hub):
     for user in ("alice", "bob"):
         info = hub.api("GET", f"/hub/api/users/{user}")[1]
         for name in list(info["servers"]):
-            hub.api("DELETE", f"/hub/api/users/{user}/server" + (f"s/{name}" if name else ""))
-            hub.wait_gone(user, name=name)
+            status, _ = hub.api("DELETE", f"/hub/api/users/{user}/server" + (f"s/{name}" if name else ""))
+            if status >= 500:  # JupyterHub refuses to stop a server while its start-up check is pending: end the job
+                subprocess.run(["scancel", "-u", user], check=False)
+            hub.wait_gone(user, name=name, timeout=240)
     for user in ("alice", "bob"):
         subprocess.run(["scancel", "-u", user], check=False)
     deadline = time.monotonic() + 60
@@ -116,6 +119,7 @@ def test_hub_restart_picks_up_a_running_and_a_pending_server(bed, hub, bob, clea
     testbed.hub().stop()
     testbed.hub().start()
     assert hub.server("alice")["ready"], "the running server was not picked up"
+    hub.wait_routed("alice")
     assert json.loads(hub.run_in_kernel("alice", KERNEL_REPORT))["image"] == bed["identity"]
     subprocess.run(["scancel", blocker], check=True)
     hub.wait_ready("alice", name="queued", timeout=180)
@@ -248,6 +252,15 @@ def test_form_offers_availability_and_preview_and_refuses_bad_values(bed, clean)
     assert jobs("alice") == []
     preview = json.loads(s.get("/hub/api/hpcdl/preview?nodes=2&gpus_per_node=3&walltime=02:00:00&_xsrf=" + s.xsrf()))
     assert preview["gpu_hours"] == 12.0 and "#SBATCH --gres=gpu:3" in preview["script"]
+    assert "#SBATCH --comment=jupyterhub-hpcdl:testbed:alice:" in preview["script"]
+    # a server alice does not have: 404, and no server is made by asking
+    try:
+        s.get("/hub/api/hpcdl/preview?server_name=nosuch&nodes=1&_xsrf=" + s.xsrf())
+        raise AssertionError("a preview for a server alice does not have was answered")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404
+    servers = Hub(bed).api("GET", "/hub/api/users/alice?include_stopped_servers=1")[1]["servers"]
+    assert "nosuch" not in servers
 
 
 def test_a_job_that_fails_says_why_with_its_log(hub, clean):
