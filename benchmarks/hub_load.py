@@ -50,7 +50,7 @@ class LoadReport:
     rpcs_per_interval: float
     jobs_left: list[str]
     stopped_s: float
-    extra: dict = field(default_factory=dict)
+    api_errors: list[str] = field(default_factory=list)
 
 
 def hub_client(timeout: float = 30) -> httpx.Client:
@@ -95,12 +95,16 @@ class LatencySampler(threading.Thread):
         super().__init__(daemon=True)
         self.client, self.path, self.every = client, path, every
         self.samples: list[float] = []
+        self.errors: list[str] = []  # a call that failed or timed out counts as a sample too (its time until then)
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.is_set():
             t0 = time.monotonic()
-            self.client.get(self.path).raise_for_status()
+            try:
+                self.client.get(self.path).raise_for_status()
+            except httpx.HTTPError as e:
+                self.errors.append(f"{type(e).__name__}: {e}")
             self.samples.append(time.monotonic() - t0)
             self.stopped.wait(max(self.every - (time.monotonic() - t0), 0))
 
@@ -143,14 +147,14 @@ def run_load(users: list[str], options: dict = WORKSHOP_OPTIONS, timeout: float 
             outcomes = list(pool.map(lambda u: spawn_and_watch(client, u, options, timeout), users))
         ready = [o.ready_s for o in outcomes if o.result == "ready"]
         rpcs, elapsed = job_info_rpcs() - rpcs0, time.monotonic() - t0
-        samples = sampler.stop()
+        samples, errors = sampler.stop(), sampler.errors
         stopped_s = stop_all(client, [o.user for o in outcomes if o.status < 400])
         time.sleep(2)
         return LoadReport(
             users=len(users), outcomes=outcomes, all_ready_s=max(ready) if len(ready) == len(users) else None,
             api_p50_s=percentile(samples, 50), api_p95_s=percentile(samples, 95), api_max_s=max(samples),
             api_samples=len(samples), job_info_rpcs=rpcs, rpcs_per_interval=rpcs / max(elapsed / queue_interval, 1),
-            jobs_left=queued_jobs(users), stopped_s=stopped_s)
+            jobs_left=queued_jobs(users), stopped_s=stopped_s, api_errors=errors)
 
 
 def idle_latency(samples: int = 50) -> list[float]:
@@ -183,7 +187,7 @@ def main() -> int:
         "api_under_load_max_s": round(load.api_max_s, 3),
         "api_p95_under_load_over_idle": round(load.api_p95_s / idle_p95, 2),
         "job_info_rpcs_per_queue_interval": round(load.rpcs_per_interval, 2),
-        "jobs_left": load.jobs_left, "stop_all_s": round(load.stopped_s, 1),
+        "jobs_left": load.jobs_left, "stop_all_s": round(load.stopped_s, 1), "api_errors": len(load.api_errors),
     }
     print(json.dumps(summary, indent=2))
     if args.out:

@@ -28,7 +28,7 @@ def timed(argv: list[str]) -> float:
 
 async def shared_queue_queries(servers: int) -> tuple[int, int]:
     """Run the real queue against real squeue, with ``servers`` simulated RUNNING jobs added to its listing."""
-    simulated = "".join(f"{900000 + i}|RUNNING|None|N/A|node1|u|jupyterhub-hpcdl|\n" for i in range(servers))
+    simulated = "".join(f"{900000 + i}|RUNNING|None|N/A|node1|u\n" for i in range(servers))
     commands = []
 
     async def runner(argv, **kw):

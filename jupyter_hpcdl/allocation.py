@@ -389,7 +389,13 @@ async def handle(owner: AllocationOwner, method: str, path: str, body: dict) -> 
         return 400, {"message": str(e)}
 
 
-def request(socket_path: str, method: str, path: str, body: dict | None = None, timeout: float = 60) -> dict:
+#: The kernels' default wait for the owner: longer than the owner's own deadline for a command, so that a kernel
+#: never gives up on (and then repeats) a submission that the owner still completes.
+CLIENT_TIMEOUT_S = COMMAND_TIMEOUT_S + 30
+
+
+def request(socket_path: str, method: str, path: str, body: dict | None = None,
+            timeout: float = CLIENT_TIMEOUT_S) -> dict:
     """Call the owner from a kernel (inside the container) over its Unix socket; its JSON reply. Raises
     :class:`RuntimeError` when the owner refuses (status 400 or more), :class:`TimeoutError` when it does not answer in
     ``timeout`` seconds and :class:`ConnectionError` when nothing listens at ``socket_path`` (both are OSErrors)."""

@@ -11,17 +11,13 @@ import socket
 import subprocess
 import sys
 
+from .allocation import hostnames
 from .containers.site import load_site
 from .world import Slot, gloo_env, iface_for, slurm_hosts, slurm_slot
 
 GLOO_NAMES = tuple(gloo_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
 RENDEZVOUS_ENV = "HPCDL_RENDEZVOUS"
 PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME")
-
-
-def node_hostnames(nodelist: str) -> list[str]:
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True).stdout
-    return out.split()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def run_rank(args, command: list[str]) -> int:
     """Inside one srun task: compute this task's slot and exec the command in the container."""
-    slot = slurm_slot(os.environ, node_hostnames(os.environ["SLURM_JOB_NODELIST"]))
+    slot = slurm_slot(os.environ, hostnames(os.environ["SLURM_JOB_NODELIST"]))
     rendezvous = os.environ.pop(RENDEZVOUS_ENV, "")  # address and secret, from the launcher's environment
     if not rendezvous:
         print(f"hpcdl-launch --rank: ${RENDEZVOUS_ENV} is not set (start ranks with hpcdl-launch)", file=sys.stderr)
@@ -66,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     addr = args.rendezvous_addr or socket.gethostbyname(socket.gethostname())
     iface = args.iface or iface_for(addr)
-    hosts = slurm_hosts(node_hostnames(os.environ["SLURM_JOB_NODELIST"]), os.environ["SLURM_TASKS_PER_NODE"])
+    hosts = slurm_hosts(hostnames(os.environ["SLURM_JOB_NODELIST"]), os.environ["SLURM_TASKS_PER_NODE"])
     size = sum(n for _, n in hosts)
     load_site().client().ensure_container(args.image)  # once, before the ranks (they share the home file system)
     server = SessionRendezvous(bind=addr)  # only on the ranks' interface, only with the secret

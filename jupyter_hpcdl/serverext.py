@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import stat
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -83,7 +84,11 @@ def _jupyter_server_extension_points():
 def _release_held_port(serverapp, fd: int, tries: int = 300) -> None:
     """Close the socket the job held the port with (see spawner/jobside.py) once the server listens on the port."""
     if getattr(getattr(serverapp, "http_server", None), "_sockets", None) or tries <= 0:
-        os.close(fd)
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):  # only ever the socket the job passed on
+                os.close(fd)
+        except OSError:
+            pass
         return
     serverapp.io_loop.call_later(0.2, _release_held_port, serverapp, fd, tries - 1)
 

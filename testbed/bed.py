@@ -336,7 +336,7 @@ def cancel_jobs(timeout: float = 60) -> None:
         return
     if sh("scontrol", "ping", check=False).stdout.count("UP") == 0:
         return
-    sh("scancel", "--full", f"--partition={config.PARTITION}", check=False)
+    sh("scancel", "--full", f"--partition={config.PARTITION},{config.CPU_PARTITION}", check=False)
     wait_for(lambda: not sh("squeue", "-h", "-o", "%i", check=False).stdout.strip(), timeout, "jobs to end")
 
 

@@ -24,3 +24,4 @@ def test_a_workshop_spawning_at_once_all_end_well_and_stop_cleanly(bed):
     assert len(ready) == len(users), "the bed has room for every attendee: none should be refused"
     assert report.jobs_left == [], f"jobs left after every server was stopped: {report.jobs_left}"
     assert report.api_samples > 10, "the hub's API was not sampled during the load"
+    assert report.api_errors == [], f"the hub's API failed during the load: {report.api_errors[:3]}"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from test_spawner_hub import KERNEL_REPORT, _user_session, clean, hub, jobs, progress_messages, spawn  # noqa: F401
+from test_spawner_hub import KERNEL_REPORT, _user_session, clean, hub, jobs, progress_messages, spawn  # noqa: F401,F811
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 import bed as testbed  # noqa: E402
@@ -88,15 +88,20 @@ def test_an_orphan_job_of_this_hub_is_cancelled_and_the_user_told(bed, hub, alic
     within two sweeps; another hub's job and a job of alice's own are left alone."""
     ours = alice.run("sbatch", "--parsable", "--job-name=jupyterhub-hpcdl", "--comment=jupyterhub-hpcdl:testbed:alice:",
                      "--time=10", "--wrap=sleep 600", check=True).stdout.strip()
-    other = alice.run("sbatch", "--parsable", "--comment=jupyterhub-hpcdl:otherhub:alice:", "--time=10",
-                      "--wrap=sleep 600", check=True).stdout.strip()
+    other = alice.run("sbatch", "--parsable", "--job-name=jupyterhub-hpcdl", "--comment=jupyterhub-hpcdl:otherhub:alice:",
+                      "--time=10", "--wrap=sleep 600", check=True).stdout.strip()
+    own = alice.run("sbatch", "--parsable", "--job-name=jupyterhub-hpcdl", "--time=10", "--wrap=sleep 600",
+                    check=True).stdout.strip()  # named like the hub's jobs, but without its mark
     t0 = time.monotonic()
     wait(lambda: ours not in [j[0] for j in jobs("alice")], 60, f"orphan job {ours} cancelled")
     took = time.monotonic() - t0
-    assert other in [j[0] for j in jobs("alice")], "another hub's job was touched"
+    time.sleep(25)  # two more sweeps
+    left = [j[0] for j in jobs("alice")]
+    assert other in left, "another hub's job was touched"
+    assert own in left, "a job of alice's own without the hub's mark was touched"
     told = last_end(bed, "alice")
     assert re.search(rf"job {ours} \((pending|running)\) was found without its server at .* cancelled by the hub", told), told
-    subprocess.run(["scancel", other], check=True)
+    subprocess.run(["scancel", other, own], check=True)
     record("orphan job of this hub", orphans_left=0, cancelled_after_s=round(took, 1), user_sees=told)
 
 
@@ -129,7 +134,9 @@ def test_a_frozen_controller_and_a_hub_restart_keep_a_running_and_a_pending_serv
     assert sorted(j[0] for j in jobs("alice")) == before, "a job was lost or submitted twice"
     assert {j[1] for j in jobs("alice")} == {"RUNNING"}
     assert orphans(hub, "alice") == []
-    record("controller frozen (SIGSTOP) + hub restart", servers_kept=2, servers_lost=0, orphans=0,
+    kept = sum(bool((hub.server("alice", name) or {}).get("ready")) for name in ("", "queued"))
+    assert kept == 2
+    record("controller frozen (SIGSTOP) + hub restart", servers_kept=kept, servers_lost=2 - kept, orphans=0,
            frozen_s=round(frozen_for), hub_restart_s=round(restart_s, 1), hub_api_worst_s=round(latency, 3),
            user_sees="the lab works; the pending spawn's progress says the scheduler is not answering")
 
@@ -151,6 +158,7 @@ def test_a_dead_controller_a_stop_meanwhile_and_a_hub_restart_leave_no_orphan(be
     hub.stop("alice", "two")  # the hub cannot cancel the job now: it must not hang, and must not forget the job
     stop_s = time.monotonic() - t0
     assert hub.server("alice", "two") is None
+    assert stop_s < 30 + 15, f"stopping took {stop_s:.0f} s with the controller dead (cancel_timeout is 30 s)"
 
     testbed.controller().start()
     t_back = time.monotonic()
@@ -161,7 +169,8 @@ def test_a_dead_controller_a_stop_meanwhile_and_a_hub_restart_leave_no_orphan(be
     assert orphans(hub, "alice") == []
     told = last_end(bed, "alice", "two")
     assert f"job {two_job}" in told and "cancelled by the hub" in told, told
-    record("controller killed, a server stopped meanwhile, hub restart", servers_kept=1, servers_lost=0, orphans=0,
+    record("controller killed, a server stopped meanwhile, hub restart",
+           servers_kept=int(bool(hub.server("alice")["ready"])), servers_lost=0, orphans=len(orphans(hub, "alice")),
            stop_during_outage_s=round(stop_s, 1), orphan_cancelled_after_controller_back_s=round(cancelled_after, 1),
            user_sees=told)
 
@@ -181,7 +190,6 @@ def test_a_dead_node_with_a_server_on_it_ends_the_server_with_why(bed, hub, bob,
     hub.wait_gone("alice", timeout=240)
     known_after = time.monotonic() - t0
     subprocess.run(["scancel", blocker], check=True)
-    assert testbed.job_processes(job) == [], "the dead node's job left processes"
     assert jobs("alice") == [] and orphans(hub, "alice") == []
     told = last_end(bed, "alice")
     assert re.search(rf"job {job} ended: NODE_FAIL|job {job} cancelled when the server was stopped", told), told

@@ -11,17 +11,19 @@ from hypothesis import given, strategies as st
 
 from jupyter_hpcdl.spawner import queue as queue_module
 from jupyter_hpcdl.spawner.commands import Result
-from jupyter_hpcdl.spawner.orphans import JobMark, OrphanSweeper, find_orphans
+from jupyter_hpcdl.spawner import commands
+from jupyter_hpcdl.spawner.orphans import JobMark, OrphanSweeper, find_suspects, is_orphan
 from jupyter_hpcdl.spawner.queue import JobQueue
 from jupyter_hpcdl.spawner.scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo
 from jupyter_hpcdl.spawner.slurm import Slurm
 
 
 class FlakyScheduler:
-    """A runner that answers like squeue/scontrol/scancel, or fails (down) or hangs (frozen) when told to."""
+    """A runner that answers like squeue/scontrol/scancel, or fails (down) or hangs (frozen) when told to. ``named``
+    and ``comments`` answer the sweep's listing of the hub's job ids and its reading of one job's comment."""
 
-    def __init__(self, listing: str = ""):
-        self.listing, self.mode, self.calls = listing, "up", []
+    def __init__(self, listing: str = "", named: str = "", comments: dict | None = None):
+        self.listing, self.named, self.comments, self.mode, self.calls = listing, named, comments or {}, "up", []
 
     async def __call__(self, argv, timeout=60, **kw):
         self.calls.append(list(argv))
@@ -30,6 +32,11 @@ class FlakyScheduler:
         if self.mode == "frozen":
             raise RuntimeError(f"{argv[0]} did not answer in {timeout:.0f} s")
         cmd = [a for a in argv if not a.startswith("-") and a not in ("sudo", "alice", "bob")][0]
+        if cmd == "squeue" and any(a.startswith("--name=") for a in argv):
+            return Result(tuple(argv), 0, self.named, "")
+        if cmd == "squeue" and any(a.startswith("--jobs=") for a in argv):
+            job = next(a for a in argv if a.startswith("--jobs="))[7:]
+            return Result(tuple(argv), 0, self.comments.get(job, "(null)") + "\n", "")
         if cmd == "squeue":
             return Result(tuple(argv), 0, self.listing, "")
         if cmd == "scontrol":
@@ -37,8 +44,8 @@ class FlakyScheduler:
         return Result(tuple(argv), 0, "", "")
 
 
-def line(job_id, state="RUNNING", user="alice", comment="", host="node1"):
-    return f"{job_id}|{state}|None|N/A|{host}|{user}|jupyterhub-hpcdl|{comment}\n"
+def line(job_id, state="RUNNING", user="alice", host="node1"):
+    return f"{job_id}|{state}|None|N/A|{host}|{user}\n"
 
 
 def test_unreachable_scheduler_is_unknown_never_ended_and_backs_off():
@@ -145,9 +152,7 @@ def test_poll_recovers_when_the_scheduler_answers_within_the_grace(fresh_queues)
 def test_stop_with_a_dead_controller_ends_in_time_and_leaves_the_job_to_the_sweep(fresh_queues, monkeypatch):
     flaky = FlakyScheduler(line("7"))
     spawner = make_spawner(flaky, queue_interval=0.01, cancel_timeout=2, queue_max_backoff=0.05)
-    from jupyter_hpcdl.spawner import spawner as spawner_module
-
-    monkeypatch.setattr(spawner_module, "run", flaky)  # scancel goes to the same dead controller
+    monkeypatch.setattr(commands, "run", flaky)  # scancel goes to the same dead controller
     flaky.mode = "down"
     t0 = time.monotonic()
     asyncio.run(spawner.stop())
@@ -163,29 +168,33 @@ def test_job_marks_round_trip_and_stay_safe(user, server):
     assert JobMark.parse(comment) == JobMark("hub-1", user, server)
 
 
-def test_find_orphans_needs_two_sweeps_this_hub_and_the_jobs_own_user():
-    mark = JobMark("hub", "alice", "").comment()
-    jobs = {j.job_id: j for j in [
-        JobInfo("1", RUNNING, "RUNNING", user="alice", comment=mark),  # owned
-        JobInfo("2", PENDING, "PENDING", user="alice", comment=mark),  # orphan
-        JobInfo("3", RUNNING, "RUNNING", user="alice", comment=JobMark("other", "alice").comment()),  # another hub's
-        JobInfo("4", RUNNING, "RUNNING", user="bob", comment=mark),  # bob forged alice's mark
-        JobInfo("5", ENDED, "COMPLETED", user="alice", comment=mark),
-        JobInfo("6", RUNNING, "RUNNING", user="alice", comment="something else")]}
-    first, suspects = find_orphans(jobs, "hub", {"1"}, set())
-    assert first == [] and suspects == {"2"}
-    second, suspects = find_orphans(jobs, "hub", {"1"}, suspects)
-    assert [o.job.job_id for o in second] == ["2"] and second[0].mark.user == "alice"
-    adopted, suspects = find_orphans(jobs, "hub", {"1", "2"}, suspects)  # a spawner took it back meanwhile
-    assert adopted == [] and suspects == set()
+def test_suspects_are_this_hubs_named_jobs_that_no_server_owns():
+    jobs = {j.job_id: j for j in [JobInfo("1", RUNNING, "RUNNING", user="alice"),
+                                  JobInfo("2", PENDING, "PENDING", user="alice"),
+                                  JobInfo("5", ENDED, "COMPLETED", user="alice"),
+                                  JobInfo("6", RUNNING, "RUNNING", user="bob")]}
+    assert [j.job_id for j in find_suspects(jobs, ["1", "2", "5", "9"], owned={"1"})] == ["2"]
 
 
-def test_sweeper_cancels_as_the_user_tells_them_and_skips_an_outage():
-    flaky = FlakyScheduler(line("2", comment=JobMark("hub", "alice", "lab2").comment()) + line("1"))
+def test_only_a_comment_that_is_exactly_this_hubs_mark_for_the_jobs_owner_makes_an_orphan():
+    alice_job = JobInfo("2", RUNNING, "RUNNING", user="alice")
+    mark = JobMark("hub", "alice", "lab").comment()
+    assert is_orphan(alice_job, mark + "\n", "hub") == JobMark("hub", "alice", "lab")
+    assert is_orphan(alice_job, JobMark("other", "alice").comment() + "\n", "hub") is None  # another hub's
+    assert is_orphan(JobInfo("4", RUNNING, "RUNNING", user="bob"), mark + "\n", "hub") is None  # bob forged alice's
+    assert is_orphan(alice_job, f"x\n{mark}\n", "hub") is None  # a comment with a newline is never a mark
+    assert is_orphan(alice_job, "(null)\n", "hub") is None
+
+
+def test_sweeper_cancels_as_the_user_tells_them_and_skips_an_outage(monkeypatch):
+    mark = JobMark("hub", "alice", "lab2").comment()
+    flaky = FlakyScheduler(line("2") + line("1") + line("3", user="bob"), named="1\n2\n3\n",
+                           comments={"2": mark, "3": mark})  # bob's job 3 carries alice's mark: ignored
+    monkeypatch.setattr(commands, "run", flaky)  # scancel goes to the same scheduler
     told = []
     q = JobQueue(Slurm(), interval=0.001, runner=flaky)
-    sweeper = OrphanSweeper(q, "hub", owned=lambda: {"1"}, notify=lambda mark, msg: told.append((mark, msg)),
-                            interval=0.001, runner=flaky)
+    sweeper = OrphanSweeper(q, "hub", "jupyterhub-hpcdl", owned=lambda: {"1"},
+                            notify=lambda m, msg: told.append((m, msg)), interval=0.001)
 
     async def scenario():
         flaky.mode = "down"
@@ -197,6 +206,7 @@ def test_sweeper_cancels_as_the_user_tells_them_and_skips_an_outage():
         return first, await sweeper.sweep()
 
     first, second = asyncio.run(scenario())
-    assert first == [] and len(second) == 1 and second[0].cancelled
-    assert flaky.calls[-1] == ["sudo", "-n", "-u", "alice", "--", "scancel", "2"]
+    assert first == [] and [a.job_id for a in second] == ["2"] and second[0].cancelled
+    assert ["sudo", "-n", "-u", "alice", "--", "scancel", "2"] in flaky.calls
+    assert not any(c[-2:] == ["scancel", "3"] for c in flaky.calls)
     assert told[0][0] == JobMark("hub", "alice", "lab2") and "cancelled by the hub" in told[0][1]

@@ -156,14 +156,15 @@ def test_slurm_parsers():
     assert s.parse_submit("123\n") == "123" and s.parse_submit("77;cluster\n") == "77"
     with pytest.raises(ValueError, match="no job id"):
         s.parse_submit("sbatch: error: Batch job submission failed")
-    jobs = s.parse_queue("12|PENDING|Resources|2026-11-29T20:00:00|n/a|alice|jupyterhub-hpcdl|hpcdl-hub=h\n"
-                         "13|RUNNING|None|2026-11-29T19:00:00|node1|bob|x|(null)\n"
-                         "14|COMPLETING|None|N/A|node2|bob|x|a|b|c\n15|CANCELLED|None|N/A|node1|bob|x|\n12|short\n")
+    jobs = s.parse_queue("12|PENDING|Resources|2026-11-29T20:00:00|n/a|alice\n13|RUNNING|None|2026-11-29T19:00:00|node1|bob\n"
+                         "14|COMPLETING|None|N/A|node2|bob\n15|CANCELLED|None|N/A|node1|bob\n12_3|RUNNING|None|N/A|x|y\n"
+                         "short|line\n")
     assert (jobs["12"].phase, jobs["12"].reason, jobs["12"].expected_start, jobs["12"].batch_host) == \
         (PENDING, "Resources", "2026-11-29T20:00:00", "")
     assert (jobs["13"].phase, jobs["13"].batch_host, jobs["14"].phase, jobs["15"].phase) == (RUNNING, "node1", RUNNING, ENDED)
-    assert (jobs["12"].user, jobs["12"].name, jobs["12"].comment, jobs["13"].comment, jobs["14"].comment) == (
-        "alice", "jupyterhub-hpcdl", "hpcdl-hub=h", "", "a|b|c")  # a separator in another user's comment is kept
+    assert (jobs["12"].user, jobs["13"].user) == ("alice", "bob") and set(jobs) == {"12", "13", "14", "15"}
+    assert "%k" not in "".join(s.queue_argv()) and "%j" not in "".join(s.queue_argv())  # nothing a user writes
+    assert s.parse_job_ids("41\n42\n4x\n43_1\n") == ["41", "42"]
     assert s.job_forgotten("slurm_load_jobs error: Invalid job id specified")
     assert not s.job_forgotten("slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
     ended = s.parse_job("JobId=15 JobName=x UserId=alice(1001) JobState=FAILED Reason=NonZeroExitCode "
@@ -193,7 +194,7 @@ def test_one_scheduler_query_per_interval_for_a_thousand_servers():
     async def runner(argv, **kw):
         calls.append(argv[0])
         await asyncio.sleep(0.01)
-        lines = "".join(f"{i}|RUNNING|None|N/A|node1|u|n|\n" for i in range(1000))
+        lines = "".join(f"{i}|RUNNING|None|N/A|node1|u\n" for i in range(1000))
         return Result(tuple(argv), 0, lines, "")
 
     async def scenario():

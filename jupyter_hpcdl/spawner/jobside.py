@@ -3,7 +3,8 @@ scheduler's client): prepare the user's container, write the container kernelspe
 hub only that port (the hub takes the node from the scheduler), then become the single-user server.
 
 The port is held, not just picked: the socket bound to it (SO_REUSEADDR, never listening) stays open across the
-exec into the server, so no other process can be given the port in between; the server binds the same port
+exec into the server, so the kernel gives the port to no one else asking for a free port, and a plain bind of it
+fails (a process that sets SO_REUSEADDR itself and listens first could still take it); the server binds the same port
 (tornado sets SO_REUSEADDR too, which Linux allows while no socket listens on it) and listens, and the server
 extension then closes the held socket (``HPCDL_HELD_PORT_FD``)."""
 from __future__ import annotations

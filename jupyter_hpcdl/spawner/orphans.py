@@ -7,7 +7,9 @@ API token with the server (JupyterHub revokes it when a server stops), so its Ju
 through the hub again: cancelling it, and telling the user on the next form, is the only safe end.
 
 A job is cancelled only when two sweeps at least an interval apart both find it unowned (a spawn records its job
-at once after the submission, so a fresh job is never taken for an orphan), and only while the scheduler answers.
+at once after the submission, so a fresh job is never taken for an orphan), only while the scheduler answers, and
+only if its comment, read alone, is exactly this hub's mark for the job's owner as the scheduler reports it: names
+and comments are free text (they can hold newlines), so they never come from the shared listing of every job.
 """
 from __future__ import annotations
 
@@ -16,10 +18,10 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
-from .commands import as_user, run
-from .queue import JobQueue
+from .commands import cancel_as_user
+from .queue import JobQueue, SchedulerUnreachable
 from .scheduler import ENDED, JobInfo
 
 MARK_PREFIX = "jupyterhub-hpcdl"
@@ -62,24 +64,18 @@ class JobMark:
         return cls(parts[1], _decode(parts[2]), _decode(parts[3]))
 
 
-@dataclass(frozen=True)
-class Orphan:
-    job: JobInfo
-    mark: JobMark
-
-
-def find_orphans(jobs: Mapping[str, JobInfo], hub: str, owned: Iterable[str],
-                 suspects: set[str]) -> tuple[list[Orphan], set[str]]:
-    """The jobs of ``hub`` that no server owns and that were already suspects at the last sweep, and the new set
-    of suspects. A mark whose user is not the job's owner (anyone can write a comment) is ignored."""
+def find_suspects(jobs: Mapping[str, JobInfo], named: Iterable[str], owned: Iterable[str]) -> list[JobInfo]:
+    """The jobs named as this hub names its jobs that are in the queue, not ended, and that no server owns."""
     owned = set(owned)
-    found: dict[str, Orphan] = {}
-    for job_id, job in jobs.items():
-        mark = JobMark.parse(job.comment)
-        if mark is None or mark.hub != hub or job.phase == ENDED or job_id in owned or mark.user != job.user:
-            continue
-        found[job_id] = Orphan(job, mark)
-    return [o for job_id, o in found.items() if job_id in suspects], set(found)
+    return [jobs[j] for j in named if j in jobs and jobs[j].phase != ENDED and j not in owned]
+
+
+def is_orphan(job: JobInfo, comment_output: str, hub: str) -> JobMark | None:
+    """The job's mark if its comment, read alone, is exactly this hub's mark for the job's own user (anyone can
+    write a comment, or name a job like the hub's)."""
+    lines = comment_output.splitlines()
+    mark = JobMark.parse(lines[0].strip()) if len(lines) == 1 else None
+    return mark if mark is not None and mark.hub == hub and mark.user == job.user else None
 
 
 @dataclass(frozen=True)
@@ -96,45 +92,61 @@ NotifyFn = Callable[[JobMark, str], None]
 
 
 class OrphanSweeper:
-    """Sweeps one hub's jobs at start-up and every ``interval`` seconds (see the module's docstring)."""
+    """Sweeps one hub's jobs at start-up and every ``interval`` seconds (see the module's docstring). The queue's
+    shared reading (which holds only fields no user writes) gives each job's state and owner; the ids of the jobs
+    named as the hub names its jobs come from a second listing of ids alone; a suspect's comment is read alone and
+    must be exactly this hub's mark for that owner."""
 
-    def __init__(self, queue: JobQueue, hub: str, owned: OwnedFn, notify: NotifyFn,
+    def __init__(self, queue: JobQueue, hub: str, job_name: str, owned: OwnedFn, notify: NotifyFn,
                  exec_prefix: Sequence[str] = ("sudo", "-n", "-u", "{username}"), interval: float = 300.0,
-                 log: logging.Logger | None = None, runner: Callable[..., Awaitable] = run):
-        self.queue, self.hub, self.owned, self.notify = queue, check_hub_tag(hub), owned, notify
-        self.exec_prefix, self.interval, self.runner = list(exec_prefix), interval, runner
+                 log: logging.Logger | None = None):
+        self.queue, self.hub, self.job_name = queue, check_hub_tag(hub), job_name
+        self.owned, self.notify = owned, notify
+        self.exec_prefix, self.interval = list(exec_prefix), interval
         self.log = log or logging.getLogger(__name__)
         self.suspects: set[str] = set()
-        self.actions: list[SweepAction] = []  # what the sweeps did (the newest last; at most 1000 kept)
         self._task: asyncio.Task | None = None
+
+    async def _orphans(self) -> list[tuple[JobInfo, JobMark]]:
+        scheduler = self.queue.scheduler
+        named = await self.queue.ask(scheduler.named_jobs_argv(self.job_name), "listing the hub's jobs")
+        if named.returncode:
+            raise SchedulerUnreachable(named.failure("listing the hub's jobs"))
+        suspects = find_suspects(self.queue.jobs(), scheduler.parse_job_ids(named.stdout), self.owned())
+        found = []
+        for job in suspects:
+            if job.job_id not in self.suspects:
+                continue  # first seen unowned now: a spawn may be about to record it
+            comment = await self.queue.ask(scheduler.comment_argv(job.job_id), f"reading job {job.job_id}'s comment")
+            mark = is_orphan(job, comment.stdout, self.hub) if comment.returncode == 0 else None
+            if mark is not None:
+                found.append((job, mark))
+        self.suspects = {job.job_id for job in suspects}
+        return found
 
     async def sweep(self) -> list[SweepAction]:
         """One sweep: nothing is done while the scheduler is not answering."""
         await self.queue.refresh(max_age=min(self.interval, self.queue.interval))
-        if not self.queue.reachable:
-            self.log.warning("jupyter-hpcdl: orphan sweep skipped: %s", self.queue.error)
+        try:
+            if not self.queue.reachable:
+                raise SchedulerUnreachable(self.queue.error)
+            orphans = await self._orphans()
+        except SchedulerUnreachable as e:
+            self.log.warning("jupyter-hpcdl: orphan sweep skipped: %s", e)
             return []
-        orphans, self.suspects = find_orphans(self.queue.jobs(), self.hub, self.owned(), self.suspects)
         done = []
-        for orphan in orphans:
-            job, mark = orphan.job, orphan.mark
-            argv = [*as_user(self.exec_prefix, job.user), *self.queue.scheduler.cancel_argv(job.job_id)]
-            when = time.strftime("%Y-%m-%d %H:%M")
-            try:
-                result = await self.runner(argv, timeout=self.queue.timeout)
-                ok, why = result.returncode == 0, (result.stderr or result.stdout).strip()[-300:]
-            except (OSError, RuntimeError) as e:
-                ok, why = False, str(e)
-            if ok:
-                message = (f"job {job.job_id} ({job.state.lower()}) was found without its server at {when} and "
-                           "was cancelled by the hub")
+        for job, mark in orphans:
+            failed = await cancel_as_user(self.exec_prefix, job.user, self.queue.scheduler.cancel_argv(job.job_id),
+                                          self.queue.scheduler.job_forgotten, self.queue.timeout)
+            if failed is None:
+                message = (f"job {job.job_id} ({job.state.lower()}) was found without its server at "
+                           f"{time.strftime('%Y-%m-%d %H:%M')} and was cancelled by the hub")
                 self.notify(mark, message)
                 self.suspects.discard(job.job_id)
             else:
-                message = f"cancelling orphan job {job.job_id} of {job.user} failed: {why} (tried again next sweep)"
+                message = f"cancelling orphan job {job.job_id} of {job.user} failed: {failed} (tried again next sweep)"
             self.log.warning("jupyter-hpcdl: %s", message)
-            done.append(SweepAction(job.job_id, mark.user, mark.server, ok, message))
-        self.actions = (self.actions + done)[-1000:]
+            done.append(SweepAction(job.job_id, mark.user, mark.server, failed is None, message))
         return done
 
     async def run_forever(self) -> None:
@@ -148,7 +160,3 @@ class OrphanSweeper:
     def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self.run_forever())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()

@@ -58,7 +58,8 @@ class JobQueue:
             return now - self._tried_at < max(max_age, self._retry_wait())
         return now - self._read_at < max_age
 
-    async def _ask(self, argv: list[str], what: str) -> Result:
+    async def ask(self, argv: list[str], what: str) -> Result:
+        """Run one scheduler command (counted, with the queue's deadline); SchedulerUnreachable if it could not."""
         try:
             result = await self.runner(argv, timeout=self.timeout)
         except (OSError, RuntimeError) as e:  # the runner's timeout names the command
@@ -87,10 +88,9 @@ class JobQueue:
                 return  # someone else read it while we waited
             self._tried_at = time.monotonic()
             try:
-                result = await self._ask(self.scheduler.queue_argv(), "reading the queue")
+                result = await self.ask(self.scheduler.queue_argv(), "reading the queue")
                 if result.returncode:
-                    raise SchedulerUnreachable(f"reading the queue failed (exit {result.returncode}): "
-                                               f"{(result.stderr or result.stdout).strip()[-300:]}")
+                    raise SchedulerUnreachable(result.failure("reading the queue"))
             except SchedulerUnreachable as e:
                 self._failed(str(e))
                 return
@@ -118,10 +118,9 @@ class JobQueue:
             return info
         if job_id not in self._ended:
             try:
-                result = await self._ask(self.scheduler.job_argv(job_id), f"asking about job {job_id}")
+                result = await self.ask(self.scheduler.job_argv(job_id), f"asking about job {job_id}")
                 if result.returncode and not self.scheduler.job_forgotten(result.stderr + result.stdout):
-                    raise SchedulerUnreachable(f"asking about job {job_id} failed (exit {result.returncode}): "
-                                               f"{(result.stderr or result.stdout).strip()[-300:]}")
+                    raise SchedulerUnreachable(result.failure(f"asking about job {job_id}"))
             except SchedulerUnreachable as e:
                 self._failed(str(e))
                 return self.unknown(job_id)

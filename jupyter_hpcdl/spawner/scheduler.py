@@ -17,8 +17,7 @@ UNKNOWN = "unknown"
 @dataclass(frozen=True)
 class JobInfo:
     """One job as the scheduler reports it. ``phase`` is pending, running or ended; ``state`` and ``reason`` are the
-    scheduler's own words (e.g. PENDING / Resources, FAILED / NonZeroExitCode); ``user``, ``name`` and ``comment``
-    are the job's owner, name and comment (how a hub finds its own jobs)."""
+    scheduler's own words (e.g. PENDING / Resources, FAILED / NonZeroExitCode); ``user`` is the job's owner."""
 
     job_id: str
     phase: str
@@ -29,8 +28,6 @@ class JobInfo:
     exit_code: str = ""
     nodes: tuple[str, ...] = field(default_factory=tuple)
     user: str = ""
-    name: str = ""
-    comment: str = ""
 
 
 @dataclass(frozen=True)
@@ -49,8 +46,8 @@ class Scheduler:
     directive = "#"
 
     def header(self, req: JobRequest, job_name: str, output: str, workdir: str, comment: str = "") -> list[str]:
-        """The script's directives; ``comment`` (checked by the caller: letters, digits and ``=._:/-`` only) marks the
-        job as this hub's."""
+        """The script's directives; ``comment`` (checked by the caller: letters, digits and ``=._:%/-`` only) marks
+        the job as this hub's."""
         raise NotImplementedError
 
     def submit_argv(self, env_names: Sequence[str]) -> list[str]:
@@ -62,7 +59,8 @@ class Scheduler:
         raise NotImplementedError
 
     def queue_argv(self) -> list[str]:
-        """Every job the scheduler holds, one line each (one query serves all users' servers)."""
+        """Every job the scheduler holds, one line each (one query serves all users' servers). Only fields that no
+        user writes: a job's name or comment can hold newlines, and so forge lines."""
         raise NotImplementedError
 
     def parse_queue(self, stdout: str) -> dict[str, JobInfo]:
@@ -73,6 +71,17 @@ class Scheduler:
         raise NotImplementedError
 
     def parse_job(self, stdout: str) -> JobInfo | None:
+        raise NotImplementedError
+
+    def named_jobs_argv(self, job_name: str) -> list[str]:
+        """The ids of every job named ``job_name`` (one per line: nothing a user writes is printed)."""
+        raise NotImplementedError
+
+    def parse_job_ids(self, stdout: str) -> list[str]:
+        raise NotImplementedError
+
+    def comment_argv(self, job_id: str) -> list[str]:
+        """One job's comment, alone (checked whole against the mark by the caller)."""
         raise NotImplementedError
 
     def job_forgotten(self, stderr: str) -> bool:

@@ -12,6 +12,7 @@ from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler
 _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
 _SEP = "|"
+_JOB_ID = re.compile(r"\d+")  # array and het-job ids ("12_3", "12+1") are never a server's
 
 
 def _phase(state: str) -> str:
@@ -46,21 +47,20 @@ class Slurm(Scheduler):
         return m.group(1)
 
     def queue_argv(self) -> list[str]:
-        # The comment goes last: it is the one field another user may fill with the separator.
-        return ["squeue", "--noheader", "--all", f"--format=%i{_SEP}%T{_SEP}%r{_SEP}%S{_SEP}%B{_SEP}%u{_SEP}%j{_SEP}%k"]
+        # Only fields no user writes: a job's name or comment may hold newlines and separators (forged lines).
+        return ["squeue", "--noheader", "--all", f"--format=%i{_SEP}%T{_SEP}%r{_SEP}%S{_SEP}%B{_SEP}%u"]
 
     def parse_queue(self, stdout: str) -> dict[str, JobInfo]:
         jobs = {}
         for line in stdout.splitlines():
-            fields = line.strip().split(_SEP, 7)
-            if len(fields) != 8 or not fields[0]:
+            fields = line.strip().split(_SEP)
+            if len(fields) != 6 or not _JOB_ID.fullmatch(fields[0]):
                 continue
-            job_id, state, reason, start, host, user, name, comment = fields
+            job_id, state, reason, start, host, user = fields
             phase = _phase(state)
             jobs[job_id] = JobInfo(job_id, phase, state, "" if reason == "None" else reason,
                                    "" if start in ("N/A", "Unknown") else start,
-                                   "" if host in ("n/a", "(null)") or phase == PENDING else host,
-                                   user=user, name=name, comment="" if comment == "(null)" else comment)
+                                   "" if host in ("n/a", "(null)") or phase == PENDING else host, user=user)
         return jobs
 
     def job_argv(self, job_id: str) -> list[str]:
@@ -73,6 +73,15 @@ class Slurm(Scheduler):
         state = fields.get("JobState", "")
         return JobInfo(fields["JobId"], _phase(state), state, "" if fields.get("Reason") == "None" else fields.get("Reason", ""),
                        fields.get("StartTime", ""), fields.get("BatchHost", ""), fields.get("ExitCode", ""))
+
+    def named_jobs_argv(self, job_name: str) -> list[str]:
+        return ["squeue", "--noheader", "--all", f"--name={job_name}", "--format=%i"]
+
+    def parse_job_ids(self, stdout: str) -> list[str]:
+        return [line.strip() for line in stdout.splitlines() if _JOB_ID.fullmatch(line.strip())]
+
+    def comment_argv(self, job_id: str) -> list[str]:
+        return ["squeue", "--noheader", f"--jobs={job_id}", "--format=%k"]
 
     def job_forgotten(self, stderr: str) -> bool:
         return "Invalid job id" in stderr

@@ -24,7 +24,7 @@ from traitlets import Dict, Float, Instance, Integer, List, Unicode, default, va
 
 from . import api  # noqa: F401 -- installs the hardened callback routes
 from .api import token_digest
-from .commands import as_user, run
+from .commands import as_user, cancel_as_user, run
 from .form import render_form
 from .orphans import JobMark, OrphanSweeper, check_hub_tag
 from .options import JobRequest, OptionsError, request_to_options, validate_options
@@ -321,32 +321,27 @@ class HpcdlSpawner(Spawner):
         job, the proxy's routes are brought up to date every ``route_refresh_interval`` seconds: the other servers
         are reachable meanwhile."""
         if self.job_id and not self.job_port and not self._start_pending:
-            refresher = asyncio.ensure_future(self._refresh_routes())
+            _FOLLOWING.add(self)
+            _start_route_refresher(self.route_refresh_interval, self.log)
             try:
                 req = self.request(self.user_options or self.orm_spawner.user_options or {})
                 self._port_reported.clear()
                 self.log.info("%s: following job %s of a spawn that was pending when the hub stopped", self._log_name, self.job_id)
-                self.job_host = await self._wait_running(req)
-                await self._wait_port(req, self.job_host)
+                await asyncio.wait_for(self._follow(req), self.start_timeout)  # a spawn's own limit, queue included
                 self._save_state()
-            except Exception as e:  # never break the hub's start-up checks
-                self.log.warning("%s: pending job not adopted: %s", self._log_name, e)
+            except Exception as e:  # never break the hub's start-up checks (a timeout included)
+                self.log.warning("%s: pending job not adopted: %s", self._log_name, e or type(e).__name__)
                 return await super().get_url()
             finally:
-                refresher.cancel()
+                _FOLLOWING.discard(self)
         if self.job_id and self.job_port and self.job_host and self.server is not None:
             ip = self.node_addresses.get(self.job_host, self.job_host)
             return f"http://{ip}:{self.job_port}{self.server.base_url}"
         return await super().get_url()
 
-    async def _refresh_routes(self) -> None:
-        app = _hub_app()
-        while app is not None and getattr(app, "proxy", None) is not None:
-            await asyncio.sleep(self.route_refresh_interval)
-            try:
-                await app.proxy.check_routes(app.users, getattr(app, "_service_map", {}))
-            except Exception as e:  # the proxy may be restarting: try again next time
-                self.log.warning("%s: refreshing the proxy's routes failed: %s", self._log_name, e)
+    async def _follow(self, req: JobRequest) -> None:
+        self.job_host = await self._wait_running(req)
+        await self._wait_port(req, self.job_host)
 
     async def progress(self):
         seen = 0
@@ -390,16 +385,11 @@ class HpcdlSpawner(Spawner):
 
     async def _cancel(self, job_id: str) -> bool:
         """One try at cancelling ``job_id``: True once the scheduler took the cancellation (or forgot the job)."""
-        argv = [*as_user(self.exec_prefix, self.user.name), *self.scheduler.cancel_argv(job_id)]
-        try:
-            result = await run(argv, timeout=self.scheduler_timeout)
-        except RuntimeError as e:
-            self.log.warning("%s: %s", self._log_name, e)
-            return False
-        if result.returncode and not self.scheduler.job_forgotten(result.stderr + result.stdout):
-            self.log.warning("%s: cancelling job %s failed: %s", self._log_name, job_id, result.stderr.strip()[-300:])
-            return False
-        return True
+        failed = await cancel_as_user(self.exec_prefix, self.user.name, self.scheduler.cancel_argv(job_id),
+                                      self.scheduler.job_forgotten, self.scheduler_timeout)
+        if failed:
+            self.log.warning("%s: %s", self._log_name, failed)
+        return failed is None
 
     async def _gone(self, job_id: str) -> bool:
         info = await self.queue.job(job_id, max_age=0)
@@ -419,7 +409,7 @@ class HpcdlSpawner(Spawner):
                                       max_wait=5, timeout=timeout / 2)
             await exponential_backoff(partial(self._gone, job_id), f"job {job_id} leaving the queue", start_wait=0.5,
                                       max_wait=2, timeout=timeout / 2)
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # the same from Python 3.11 on
             reason = self.queue.error or "the scheduler did not confirm it"
             why = (f"job {job_id} could not be cancelled when the server was stopped ({reason}); the hub cancels it "
                    "as soon as the scheduler answers")
@@ -429,8 +419,30 @@ class HpcdlSpawner(Spawner):
         self._forget_job(f"job {job_id} cancelled when the server was stopped")
 
 
-# -- the hub's orphan sweep (one per hub process) -------------------------------------------------------------------
+# -- hub-wide helpers: the routes while pending spawns are followed, the orphan sweep (one per hub process) ---------
+_FOLLOWING: set[HpcdlSpawner] = set()  # spawners following, in a start-up check, a job that was pending
+_ROUTES: list[asyncio.Task] = []
 _SWEEPER: OrphanSweeper | None = None
+
+
+def _start_route_refresher(interval: float, log) -> None:
+    """One task for the hub: while any spawner follows a pending job in JupyterHub's start-up check (which routes the
+    servers it kept only once every check is done), bring the proxy's routes up to date every ``interval`` s."""
+    if _ROUTES and not _ROUTES[0].done():
+        return
+
+    async def refresh() -> None:
+        while _FOLLOWING:
+            await asyncio.sleep(interval)
+            app = _hub_app()
+            if app is None or getattr(app, "proxy", None) is None:
+                continue
+            try:
+                await app.proxy.check_routes(app.users, getattr(app, "_service_map", {}))
+            except Exception as e:  # the proxy may be restarting: try again next time
+                log.warning("jupyter-hpcdl: refreshing the proxy's routes failed: %s", e)
+
+    _ROUTES[:] = [asyncio.ensure_future(refresh())]
 
 
 def _hub_app():
@@ -475,7 +487,7 @@ def start_sweeper(spawner: HpcdlSpawner) -> OrphanSweeper | None:
     app = _hub_app()
     if app is None:
         return None
-    _SWEEPER = OrphanSweeper(spawner.queue, spawner.hub_tag, partial(_owned_jobs, app), partial(_tell_user, app),
+    _SWEEPER = OrphanSweeper(spawner.queue, spawner.hub_tag, spawner.job_name, partial(_owned_jobs, app), partial(_tell_user, app),
                              spawner.exec_prefix, spawner.orphan_interval, spawner.log)
     _SWEEPER.start()
     spawner.log.info("jupyter-hpcdl: sweeping for jobs of hub %r without a server every %.0f s", spawner.hub_tag,
