@@ -52,9 +52,9 @@ class JobQueue:
     def _retry_wait(self) -> float:
         return min(self.interval * 2 ** max(self.failures - 1, 0), self.max_backoff)
 
-    def _fresh(self, max_age: float) -> bool:
+    def _fresh(self, max_age: float, force: bool = False) -> bool:
         now = time.monotonic()
-        if self.failures:
+        if self.failures and not force:
             return now - self._tried_at < max(max_age, self._retry_wait())
         return now - self._read_at < max_age
 
@@ -77,14 +77,15 @@ class JobQueue:
     def _answered(self) -> None:
         self.failures, self.error, self.unreachable_since = 0, "", None
 
-    async def refresh(self, max_age: float | None = None) -> None:
+    async def refresh(self, max_age: float | None = None, force: bool = False) -> None:
         """Read the queue unless the last reading is fresh enough (or, during an outage, unless the next retry is
-        not due yet). Never raises for the scheduler's sake: a failure is recorded (see :attr:`reachable`)."""
+        not due yet; ``force``: the caller has just seen the scheduler answer). Never raises for the scheduler's
+        sake: a failure is recorded (see :attr:`reachable`)."""
         max_age = self.interval if max_age is None else max_age
-        if self._fresh(max_age):
+        if self._fresh(max_age, force):
             return
         async with self._lock:
-            if self._fresh(max_age):
+            if self._fresh(max_age, force):
                 return  # someone else read it while we waited
             self._tried_at = time.monotonic()
             try:
@@ -107,10 +108,10 @@ class JobQueue:
         return JobInfo(job_id, UNKNOWN, "UNKNOWN", f"the scheduler is not answering ({self.error})",
                        batch_host=last.batch_host if last else "")
 
-    async def job(self, job_id: str, max_age: float | None = None) -> JobInfo | None:
+    async def job(self, job_id: str, max_age: float | None = None, force: bool = False) -> JobInfo | None:
         """The job as last seen (at most ``max_age`` s old); for a job gone from the queue, why it ended (or None
         when the scheduler has forgotten it); phase UNKNOWN while the scheduler cannot be asked."""
-        await self.refresh(max_age)
+        await self.refresh(max_age, force)
         if not self.reachable:
             return self.unknown(job_id)
         info = self._jobs.get(job_id)

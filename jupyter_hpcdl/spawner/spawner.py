@@ -392,7 +392,7 @@ class HpcdlSpawner(Spawner):
         return failed is None
 
     async def _gone(self, job_id: str) -> bool:
-        info = await self.queue.job(job_id, max_age=0)
+        info = await self.queue.job(job_id, max_age=0, force=True)  # the scheduler just took the cancellation
         return info is None or info.phase == ENDED
 
     async def stop(self, now=False):
