@@ -10,9 +10,18 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-import psutil
+if TYPE_CHECKING:
+    import psutil
+
+
+def _psutil():
+    """psutil, imported when a tree is first signalled (not at start-up: a containerized command's launch pays for
+    every import)."""
+    import psutil
+
+    return psutil
 
 
 class ContainerProcess:
@@ -46,12 +55,14 @@ class ContainerProcess:
         return out
 
     def _tree(self) -> list[psutil.Process]:
+        psutil = _psutil()
         try:
             return psutil.Process(self.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
 
     def _signal(self, procs: list[psutil.Process], sig: int) -> None:
+        psutil = _psutil()
         try:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -65,6 +76,7 @@ class ContainerProcess:
     def signal_payload(self, sig: int) -> int:
         """Send ``sig`` to the processes running inside the container (below the engine, e.g. proot), not to
         udocker or the engine: an interrupt reaches the kernel without ending the container. Returns how many."""
+        psutil = _psutil()
         if self.mode == "userns":
             try:
                 os.kill(self.pid, sig)
@@ -83,6 +95,7 @@ class ContainerProcess:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM to the whole tree, SIGKILL to what is left after ``timeout`` s; returns the exit status."""
+        psutil = _psutil()
         procs = self._tree()
         if self.popen.poll() is None or procs:
             self._signal(procs, signal.SIGTERM)
@@ -115,6 +128,7 @@ class ContainerProcess:
 
 
 def _name(p: psutil.Process) -> str:
+    psutil = _psutil()
     try:
         return p.name()
     except psutil.NoSuchProcess:
@@ -122,6 +136,7 @@ def _name(p: psutil.Process) -> str:
 
 
 def _children(p: psutil.Process) -> list[psutil.Process]:
+    psutil = _psutil()
     try:
         return p.children(recursive=True)
     except psutil.NoSuchProcess:

@@ -39,7 +39,6 @@ from .spec import (
     udocker_base,
     udocker_env,
 )
-from .tools import check_tools
 
 MODE_ENV = "HPCDL_CONTAINER_MODE"  # inside every container: the mode it runs in
 NVIDIA_LIBRARY_GLOBS = ("/usr/lib/x86_64-linux-gnu/libcuda.so*", "/usr/lib64/libcuda.so*", "/usr/lib/libcuda.so*",
@@ -71,6 +70,8 @@ class Udocker:
         if not (os.path.isabs(exe) and os.access(exe, os.X_OK)) and not shutil.which(exe, path=self.environ.get("PATH")):
             raise ToolsMissing(f"udocker not found ({exe}): install it with 'pip install udocker'")
         if self.install.tools_dir:
+            from .tools import check_tools  # (tarfile and friends: not for every launch)
+
             check_tools(self.install.tools_dir)
         check_mode(self.install.default_mode, self.policy)
 
