@@ -120,7 +120,8 @@ c.SiteProfile.partitions = {{"{PARTITION}": {{"max_nodes": {len(NODES)}, "max_gp
                                          "description": "the same nodes, no GPU (workshops)"}}}}
 c.SiteProfile.accounts = {{"*": ["hpcdl"], "alice": ["hpcdl", "alice-project"]}}
 c.SiteProfile.images = {{"base": {{"ref": "hpcdl/base:latest", "description": "TensorFlow 2.15, Horovod 0.28.1"}},
-                        "os": {{"ref": "hpcdl/os:latest", "description": "Debian 12 and Python, no TensorFlow"}}}}
+                        "os": {{"ref": "hpcdl/os:latest", "description": "Debian 12 and Python, no TensorFlow",
+                               "training": False}}}}
 # A service whose token drives the REST API in tests (the token is in a root-only file).
 c.JupyterHub.services = [{{"name": "testbed", "api_token": open("{state}/hub/service_token").read().strip()}}]
 c.JupyterHub.load_roles = [{{"name": "testbed", "services": ["testbed"],

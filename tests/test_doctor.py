@@ -104,6 +104,15 @@ def test_image_versions_against_what_the_kernel_side_expects(changes, status, wo
     assert any(f.status == status and words in f.message and f.fix for f in findings), findings
 
 
+def test_an_image_the_catalogue_marks_without_the_stack_is_not_checked_for_it():
+    bare = with_versions(**{"jupyter-hpcdl": None, "tensorflow-cpu": None, "horovod": None, "ipykernel": None,
+                            "ipyparallel": None})
+    assert failed(by_check(assess_node(bare, EXPECT), "image versions"))  # a training image without its stack fails
+    marked = replace(EXPECT, without_stack=frozenset({"hpcdl/base:latest"}))
+    f = only(assess_node(bare, marked), "image versions")
+    assert f.status == OK and "without the training stack" in f.message
+
+
 def test_image_not_pullable_or_not_starting():
     nope = replace(GOOD, images=(ImageFacts("hpcdl/nope:latest", pull_error="Error: no files downloaded"),))
     f = only(assess_node(nope, EXPECT, "http://reg:5000"), "image")

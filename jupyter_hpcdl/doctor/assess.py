@@ -17,6 +17,9 @@ class Expected:
 
     hpcdl_version: str
     horovod: str | None  # the pinned release, e.g. "0.28.1"
+    #: Images the catalogue marks as having no training stack (``"training": false``): kernels run in them (on the
+    #: host's environment, bound in), training ranks do not, so their stack is not checked.
+    without_stack: frozenset[str] = frozenset()
 
 
 def hub_callback(f: NodeFacts) -> Finding:
@@ -69,6 +72,10 @@ def nvidia(f: NodeFacts, images: tuple[ImageFacts, ...]) -> list[Finding]:
 
 def _version_findings(img: ImageFacts, expect: Expected, node: str) -> list[Finding]:
     v = img.versions
+    if img.ref in expect.without_stack:
+        return [Finding("image versions", OK, f"{img.ref}: Python {v.get('python')}; marked as without the training "
+                        "stack in the catalogue (kernels only), so TensorFlow, Horovod and the rest are not checked",
+                        where=node)]
     out = []
     have = v.get("jupyter-hpcdl")
     if have != expect.hpcdl_version:

@@ -59,7 +59,7 @@ def hub_api_url(cfg: Config) -> str:
     return f"http://{ip}:{hub.get('hub_port') or 8081}{base}hub/api"
 
 
-def expected() -> Expected:
+def expected(without_stack: frozenset[str] = frozenset()) -> Expected:
     pin = None
     try:
         for req in requires("jupyter-hpcdl") or ():
@@ -67,7 +67,7 @@ def expected() -> Expected:
                 pin = req.replace(" ", "").split("==", 1)[1].split(";", 1)[0]
     except PackageNotFoundError:
         pass
-    return Expected(hpcdl_version=__version__, horovod=pin)
+    return Expected(hpcdl_version=__version__, horovod=pin, without_stack=without_stack)
 
 
 def _run(argv: list[str], env: dict[str, str], timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
@@ -281,7 +281,8 @@ def doctor(args: argparse.Namespace) -> list[Finding]:
         facts, found = run_node_job(sched, target, env, probe_req, req, python, work, timeout)
         findings += found
         if facts is not None:
-            findings += assess_node(facts, expected(), site.registry)
+            findings += assess_node(facts, expected(frozenset(i.ref for i in profile.images.values() if not i.training)),
+                                    site.registry)
     except ExchangeError as e:
         findings.append(Finding("shared home", FAIL, f"the exchange directory {work}: {e}",
                                 "the user's home (or --exchange-dir) must be writable by them"))

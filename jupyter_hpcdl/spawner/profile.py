@@ -31,6 +31,7 @@ class Image:
     name: str
     ref: str
     description: str = ""
+    training: bool = True  # False: no TensorFlow/Horovod in it (kernels run on the host's environment; no ranks)
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class SiteProfile(Configurable):
              "gpu_types (list), description.",
     ).tag(config=True)
     accounts = Dict(help="User name (or '*') → accounts they may charge; no entry: no --account.").tag(config=True)
-    images = Dict(help="Catalogue name → {ref: udocker image reference, description}.").tag(config=True)
+    images = Dict(help="Catalogue name → {ref: udocker image reference, description, training (default true; false: "
+                       "no TensorFlow/Horovod in it, which the doctor then does not check)}.").tag(config=True)
     scheduler = Unicode("slurm", help="Batch system adapter (entry point group jupyter_hpcdl.schedulers).").tag(config=True)
 
     @validate("partitions", "images")
@@ -73,7 +75,8 @@ class SiteProfile(Configurable):
                 max_walltime=parse_walltime(p.get("max_walltime", "01:00:00")),
                 max_memory_gb=p.get("max_memory_gb"), gpu_types=tuple(p.get("gpu_types", ())),
                 description=str(p.get("description", "")))
-        images = {name: Image(name, check_image_ref(i["ref"]), str(i.get("description", ""))) for name, i in self.images.items()}
+        images = {name: Image(name, check_image_ref(i["ref"]), str(i.get("description", "")), i.get("training", True) is not False)
+                  for name, i in self.images.items()}
         accounts = {u: tuple(a) for u, a in self.accounts.items()}
         if not parts or not images:
             raise ValueError("the site profile needs at least one partition and one image (c.SiteProfile.partitions/images)")
