@@ -15,7 +15,8 @@ def _json_lines(text):
 
 
 def test_nodes_offer_four_gpus_each(bed):
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G %T"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["sinfo", "-h", "-N", f"--partition={bed['partition']}", "-o", "%N %G %T"], capture_output=True,
+                         text=True, check=True).stdout
     rows = sorted(line.split() for line in out.splitlines())
     assert [r[0] for r in rows] == bed["nodes"]
     assert all(r[1].startswith(f"gpu:{bed['gpus_per_node']}") and r[2] in ("idle", "mixed") for r in rows)
