@@ -158,7 +158,8 @@ def test_a_dead_controller_a_stop_meanwhile_and_a_hub_restart_leave_no_orphan(be
     hub.stop("alice", "two")  # the hub cannot cancel the job now: it must not hang, and must not forget the job
     stop_s = time.monotonic() - t0
     assert hub.server("alice", "two") is None
-    assert stop_s < 30 + 15, f"stopping took {stop_s:.0f} s with the controller dead (cancel_timeout is 30 s)"
+    # cancel_timeout (30 s) plus an attempt in flight (scheduler_timeout, 10 s) plus the hub's own stop and polling
+    assert stop_s < 30 + 10 + 20, f"stopping took {stop_s:.0f} s with the controller dead (cancel_timeout is 30 s)"
 
     testbed.controller().start()
     t_back = time.monotonic()
