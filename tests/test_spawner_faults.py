@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from test_spawner_hub import KERNEL_REPORT, _user_session, clean, hub, jobs, progress_messages, spawn  # noqa: F401,F811
+from test_spawner_hub import (KERNEL_REPORT, _user_session, clean, hub, jobs,  # noqa: F401,F811
+                              spawn, spawn_running_and_queued)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 import bed as testbed  # noqa: E402
@@ -106,12 +107,7 @@ def test_an_orphan_job_of_this_hub_is_cancelled_and_the_user_told(bed, hub, alic
 
 
 def test_a_frozen_controller_and_a_hub_restart_keep_a_running_and_a_pending_server(bed, hub, bob, clean, healed):
-    spawn(hub, "alice", {"gpus_per_node": 1, "walltime": "00:20:00"})
-    hub.wait_ready("alice")
-    blocker = bob.run("sbatch", "--parsable", "--nodes=1", "--nodelist=node2", "--gres=gpu:4", "--time=10",
-                      "--wrap=sleep 600", check=True).stdout.strip()
-    spawn(hub, "alice", {"nodes": 2, "gpus_per_node": 3, "walltime": "00:10:00"}, name="queued")
-    progress_messages(hub, "alice", "queued", until=r"queued")
+    blocker = spawn_running_and_queued(hub, bob)
     before = sorted(j[0] for j in jobs("alice"))
 
     testbed.signal_controller(signal.SIGSTOP)

@@ -103,16 +103,23 @@ def test_queued_spawn_says_why_and_stop_cancels_it(hub, bob, clean):
     assert jobs("alice") == []
 
 
-def test_hub_restart_picks_up_a_running_and_a_pending_server(bed, hub, bob, clean):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
-    import bed as testbed
-
+def spawn_running_and_queued(hub, bob) -> str:
+    """alice's default server running, and her server "queued" pending behind a job of bob's that holds node2's
+    GPUs; returns bob's job id (cancel it to let "queued" start)."""
     spawn(hub, "alice", {"gpus_per_node": 1, "walltime": "00:20:00"})
     hub.wait_ready("alice")
     blocker = bob.run("sbatch", "--parsable", "--nodes=1", "--nodelist=node2", "--gres=gpu:4", "--time=10",
                       "--wrap=sleep 600", check=True).stdout.strip()
     spawn(hub, "alice", {"nodes": 2, "gpus_per_node": 3, "walltime": "00:10:00"}, name="queued")
     progress_messages(hub, "alice", "queued", until=r"queued")
+    return blocker
+
+
+def test_hub_restart_picks_up_a_running_and_a_pending_server(bed, hub, bob, clean):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
+    import bed as testbed
+
+    blocker = spawn_running_and_queued(hub, bob)
     before = {j[0]: j[1] for j in jobs("alice")}
     assert sorted(before.values()) == ["PENDING", "RUNNING"]
 
