@@ -90,6 +90,40 @@ def test_spawn_runs_lab_on_a_node_with_kernels_in_the_container(bed, hub, clean)
     assert jobs("alice") == []
 
 
+def _process_with(*words: str, start: str = "", user: str = "alice") -> psutil.Process | None:
+    for p in psutil.process_iter(["username", "cmdline"]):
+        cmdline = " ".join(p.info["cmdline"] or [])
+        if p.info["username"] == user and cmdline.startswith(start) and all(w in cmdline for w in words):
+            return p
+    return None
+
+
+def test_a_kernel_whose_launcher_died_stays_in_the_job_and_ends_with_it(bed, hub, clean):
+    """Slurm's linuxproc tracking (as on any node without cgroups) loses a process whose parent died: the job's main
+    process is its subreaper, so the kernel stays in the job's tree and is ended with the server."""
+    status, body = spawn(hub, "alice", {"nodes": 1, "gpus_per_node": 1, "image": "base"})
+    assert status in (201, 202), body
+    hub.wait_ready("alice")
+    hub.wait_routed("alice")
+    status, kernel = hub.api("POST", "/user/alice/api/kernels", {"name": "hpcdl"}, timeout=120)
+    assert status == 201, kernel
+    deadline = time.monotonic() + 60
+    while not (payload := _process_with("ipykernel_launcher", kernel["id"], start="python3 -m")) or \
+            not (launcher := _process_with("jupyter_hpcdl.containers run", kernel["id"])):
+        assert time.monotonic() < deadline, "the container kernel did not start"
+        time.sleep(0.5)
+    launcher.kill()
+    launcher.wait(10)
+    deadline = time.monotonic() + 10
+    while (parent := payload.parent()) and "jupyter_hpcdl.containers" in " ".join(parent.cmdline()):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)  # the engine between (P1's proot) may take a moment to go
+    assert parent is not None and "jupyter_hpcdl.spawner.jobside" in " ".join(parent.cmdline()), \
+        f"the orphaned kernel left the job: its parent is {parent and parent.cmdline()}"
+    hub.stop("alice")
+    payload.wait(30)  # psutil.TimeoutExpired if the kernel outlived its job
+
+
 def test_queued_spawn_says_why_and_stop_cancels_it(hub, bob, clean):
     blocker = bob.run("sbatch", "--parsable", "--nodes=1", "--gres=gpu:1", "--time=10", "--wrap=sleep 600", check=True)
     assert blocker.stdout.strip()

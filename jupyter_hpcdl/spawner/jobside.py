@@ -1,9 +1,9 @@
 """The job's side of a spawn, run by the batch script on the first node (host side, beside srun and the
 scheduler's client): prepare the user's container, write the container kernelspec, take a port and hold it, tell the
-hub only that port (the hub takes the node from the scheduler), then become the single-user server.
+hub only that port (the hub takes the node from the scheduler), then run the single-user server as the child of
+this process, which stays the job's subreaper (:mod:`.subreaper`: nothing the server starts outlives the job).
 
-The port is held, not just picked: the socket bound to it (SO_REUSEADDR, never listening) stays open across the
-exec into the server, so the kernel gives the port to no one else asking for a free port, and a plain bind of it
+The port is held, not just picked: the socket bound to it (SO_REUSEADDR, never listening) is passed to the server, so the kernel gives the port to no one else asking for a free port, and a plain bind of it
 fails (a process that sets SO_REUSEADDR itself and listens first could still take it); the server binds the same port
 (tornado sets SO_REUSEADDR too, which Linux allows while no socket listens on it) and listens, and the server
 extension then closes the held socket (``HPCDL_HELD_PORT_FD``)."""
@@ -23,11 +23,13 @@ from jupyter_hpcdl.containers.errors import ContainerError
 from jupyter_hpcdl.containers.kernelspec import container_kernelspec, write_kernelspec
 from jupyter_hpcdl.containers.site import load_site
 
+from .subreaper import supervise
+
 KERNEL_NAME = "hpcdl"
 
 
 def hold_port(ip: str) -> socket.socket:
-    """A socket bound to a free port on ``ip`` and kept open (inheritable, so it is still held after exec)."""
+    """A socket bound to a free port on ``ip`` and kept open (inheritable, so the server it is passed to holds it)."""
     s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((ip, 0))
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     report_port(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"], port)
     print(f"[jupyter-hpcdl] server on {host}:{port}", flush=True)
     argv = [*command, f"--MultiKernelManager.default_kernel_name={KERNEL_NAME}"]
-    os.execvp(argv[0], argv)
+    fd = held.detach()  # from here on only the server holds the port (its extension closes it once listening)
+    return supervise(argv, pass_fds=[fd], close_fds_after_start=[fd])
 
 
 if __name__ == "__main__":
