@@ -26,6 +26,7 @@ class JobRequest:
     account: str | None = None
     gpu_type: str | None = None
     memory_gb: int | None = None  # per node; None where the partition sets no memory limit
+    reservation: str | None = None  # the site's, from the user's or group's limits (never a user option)
 
     @property
     def gpu_hours(self) -> float:
@@ -106,7 +107,8 @@ def validate_options(raw: Mapping[str, Any], profile: Profile, user: str) -> Job
     gpu_type = _choice(raw, "gpu_type", partition.gpu_types) if partition.gpu_types else None
     if not partition.gpu_types and _one(raw, "gpu_type") not in (None, ""):
         raise OptionsError(f"gpu_type: partition {partition.name} has no GPU types to choose from")
-    return JobRequest(partition.name, nodes, gpus, minutes, image, profile.images[image].ref, account, gpu_type, memory)
+    return JobRequest(partition.name, nodes, gpus, minutes, image, profile.images[image].ref, account, gpu_type, memory,
+                      partition.reservation or None)
 
 
 def request_to_options(req: JobRequest) -> dict:

@@ -33,6 +33,8 @@ class Slurm(Scheduler):
             lines.append(f"--mem={req.memory_gb}G")
         if req.account:
             lines.append(f"--account={req.account}")
+        if req.reservation:
+            lines.append(f"--reservation={req.reservation}")
         if comment:
             lines.append(f"--comment={comment}")
         return [f"{self.directive} {line}" for line in lines]

@@ -12,6 +12,7 @@ again, and a start finds a job of a spawn that was pending and adopts it instead
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import pwd
 import sys
@@ -28,7 +29,7 @@ from .commands import as_user, cancel_as_user, run
 from .form import render_form
 from .orphans import JobMark, OrphanSweeper, check_hub_tag
 from .options import JobRequest, OptionsError, request_to_options, validate_options
-from .profile import SiteProfile
+from .profile import Profile, SiteProfile
 from .queue import JobQueue, shared_queue
 from .scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo, Scheduler, load_scheduler
 from .script import ScriptContext, build_batch_script
@@ -102,6 +103,10 @@ class HpcdlSpawner(Spawner):
         try:
             self.request(user_options)
         except OptionsError as e:
+            orm = getattr(self, "orm_spawner", None)
+            if orm is not None and orm.user_options == user_options:
+                # JupyterHub saved them as the defaults of the next spawn without options: not refused ones
+                orm.user_options = {}
             raise web.HTTPError(400, f"Not started: {e}") from None
 
     def __init__(self, **kwargs):
@@ -135,8 +140,15 @@ class HpcdlSpawner(Spawner):
     def log_path(self, job_id: str = "%j") -> str:
         return os.path.join(self.user_home(), ".jupyter-hpcdl", "jobs", f"{job_id}.log")
 
+    def user_profile(self) -> Profile:
+        """The site profile as this user sees it: narrowed by the limits for them and their JupyterHub groups."""
+        try:
+            return self.profile.snapshot().for_user(self.user.name, [g.name for g in self.user.groups])
+        except ValueError as e:
+            raise OptionsError(str(e)) from None
+
     def request(self, raw: dict | None = None) -> JobRequest:
-        return validate_options(self.user_options if raw is None else raw, self.profile.snapshot(), self.user.name)
+        return validate_options(self.user_options if raw is None else raw, self.user_profile(), self.user.name)
 
     def script_context(self) -> ScriptContext:
         singleuser = os.path.join(os.path.dirname(self.python), self.cmd[0]) if not os.path.isabs(self.cmd[0]) else self.cmd[0]
@@ -159,7 +171,11 @@ class HpcdlSpawner(Spawner):
 
     # -- form ------------------------------------------------------------------------------------------------------
     async def render_options_form(self) -> str:
-        profile = self.profile.snapshot()
+        try:
+            profile = self.user_profile()
+        except OptionsError as e:  # nothing to offer this user: say why instead of a form
+            return f'<div class="alert alert-danger">{html.escape(str(e))}</div>'
+
         result = await run(self.scheduler.availability_argv())
         availability = self.scheduler.parse_availability(result.stdout) if result.returncode == 0 else {}
         defaults = request_to_options(self.request({}))
@@ -227,6 +243,11 @@ class HpcdlSpawner(Spawner):
             req = self.request()
         except OptionsError as e:
             raise web.HTTPError(400, f"Not started: {e}") from None
+        # the server's model (the admin page, the instructor's page, the REST API) shows what was asked for, defaults
+        # filled in; a restart's request is the same
+        self.user_options = request_to_options(req)
+        if getattr(self, "orm_spawner", None) is not None:
+            self.orm_spawner.user_options = self.user_options
         try:
             if self.job_id and (info := await self.queue.job(self.job_id, max_age=0)) and info.phase != ENDED:
                 self._event(f"Found job {self.job_id} of an earlier spawn ({info.state}): following it", 10)
