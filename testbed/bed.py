@@ -172,7 +172,7 @@ def prepare_hub() -> bool:
         if not (d / name).exists():
             write_if_changed(d / name, secrets.token_hex(16) + "\n", 0o600)
     password = (d / "password").read_text().strip()
-    return write_if_changed(d / "jupyterhub_config.py", config.hub_config(STATE, PREFIX, list(USERS), password), 0o600)
+    return write_if_changed(d / "jupyterhub_config.py", config.hub_config(STATE, PREFIX, list(USERS), password, list(WORKSHOP_USERS)), 0o600)
 
 
 def udocker_tools() -> None:

@@ -9,6 +9,8 @@ GPUS_PER_NODE = 4
 CTLD_PORT = 16817
 REGISTRY = "127.0.0.1:5000"
 HUB_PORT = 8000
+WORKSHOP_PORT = 8092  # the instructor's page (a hub-managed service on loopback)
+WORKSHOP_GROUP = "workshop"
 PARTITION = "gpu"
 CPU_PARTITION = "cpu"  # the same nodes without GPUs: a workshop's first steps
 CPUS_PER_NODE = 16
@@ -83,7 +85,7 @@ def site_json(prefix: Path) -> str:
     }}, indent=2) + "\n"
 
 
-def hub_config(state: Path, prefix: Path, users: list[str], password: str) -> str:
+def hub_config(state: Path, prefix: Path, users: list[str], password: str, workshop_users: list[str] = ()) -> str:
     nodes = {n: "127.0.0.1" for n in NODES}
     return f"""# jupyter-hpcdl test bed hub: on loopback only, with configurable-http-proxy.
 c = get_config()  # noqa
@@ -122,8 +124,22 @@ c.SiteProfile.accounts = {{"*": ["hpcdl"], "alice": ["hpcdl", "alice-project"]}}
 c.SiteProfile.images = {{"base": {{"ref": "hpcdl/base:latest", "description": "TensorFlow 2.15, Horovod 0.28.1"}},
                         "os": {{"ref": "hpcdl/os:latest", "description": "Debian 12 and Python, no TensorFlow",
                                "training": False}}}}
-# A service whose token drives the REST API in tests (the token is in a root-only file).
-c.JupyterHub.services = [{{"name": "testbed", "api_token": open("{state}/hub/service_token").read().strip()}}]
-c.JupyterHub.load_roles = [{{"name": "testbed", "services": ["testbed"],
-                            "scopes": ["admin:users", "admin:servers", "access:servers", "read:users", "tokens"]}}]
+# A workshop: its group's members get the CPU partition and the small image, for two hours at most.
+c.SiteProfile.limits = {{"group:{WORKSHOP_GROUP}": {{"partitions": ["{CPU_PARTITION}"], "images": ["os"],
+                                                  "max_walltime": "02:00:00"}}}}
+# A service whose token drives the REST API in tests (the token is in a root-only file), and the instructor's page
+# (bob is the instructor: the role gives him access to that service, nothing else).
+c.JupyterHub.services = [
+    {{"name": "testbed", "api_token": open("{state}/hub/service_token").read().strip()}},
+    {{"name": "hpcdl-workshop", "url": "http://127.0.0.1:{WORKSHOP_PORT}", "oauth_no_confirm": True,
+      "command": ["{prefix}/venv/bin/python", "-m", "jupyter_hpcdl.workshop.service", "--group", "{WORKSHOP_GROUP}",
+                  "--hub-url", "http://127.0.0.1:{HUB_PORT}"]}}]
+c.JupyterHub.load_roles = [
+    {{"name": "testbed", "services": ["testbed"],
+      "scopes": ["admin:users", "admin:servers", "admin:groups", "access:servers", "read:users", "tokens"]}},
+    {{"name": "hpcdl-workshop", "services": ["hpcdl-workshop"],
+      # single-user servers do not resolve !group= filters (JupyterHub's documented limit): the attendees by name
+      "scopes": ["read:groups", "list:users", "read:users", "read:servers",
+                 *[f"access:servers!user={{u}}" for u in {list(workshop_users)!r}]]}},
+    {{"name": "instructor", "users": ["bob"], "scopes": ["access:services!service=hpcdl-workshop"]}}]
 """
