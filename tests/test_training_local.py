@@ -220,3 +220,15 @@ def test_without_a_gpu_the_rank_reports_no_gpu_figures():
 
     assert RankGpu(visible="").sample() is None and RankGpu(visible="-1").sample() is None
     assert RankGpu(visible="0").sample() is None or os.path.exists("/dev/nvidiactl")
+
+
+def test_a_checkpoint_written_before_the_first_fit_resumes(session, tmp_path):
+    """Before its first step the optimizer has no slots; loading builds them before restoring, so the checkpoint
+    must hold them too (the scaling notebook checkpoints right after setup and failed to restore its model)."""
+    session.setup(digits_model, digits_shard, loss=logits_loss(), lr=0.1, batch_size=32, seed=5)
+    digest = session.weights_digest()
+    path = session.checkpoint(str(tmp_path / "fresh"))
+    session.fit(epochs=1)
+    session.resume(path)
+    assert session.weights_digest() == digest and session.epochs_done == 0
+    assert session.fit(epochs=1).epochs_done == 1

@@ -47,11 +47,22 @@ def _tracked(model, progress_var):
     return tf.train.Checkpoint(model=model, optimizer=model.optimizer, progress=progress_var)
 
 
+def _build_optimizer(model) -> None:
+    """Create the optimizer's slots (Adam's moments, momentum) if no step has made them yet: a checkpoint written
+    before the first fit then holds them as zeros, and loading builds them before restoring, so the two match."""
+    import tensorflow as tf
+
+    optimizer = model.optimizer
+    if isinstance(optimizer, tf.keras.optimizers.Optimizer) and not getattr(optimizer, "_built", False):
+        optimizer.build(model.trainable_variables)  # (legacy optimizers restore their slots when they make them)
+
+
 def save(path: str, model, progress: Progress, keep: int = 2) -> str:
     """Write ``model`` (with its optimizer) and ``progress`` as the newest checkpoint in ``path``; its prefix."""
     import tensorflow as tf
 
     path = check_target(path)
+    _build_optimizer(model)
     values = [progress.epochs_done, progress.batches_done, progress.world_size, progress.seed]
     manager = tf.train.CheckpointManager(_tracked(model, tf.Variable(values, dtype=tf.int64)), path,
                                          max_to_keep=keep)
@@ -74,9 +85,7 @@ def load(path: str, model) -> Progress:
     prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else None
     if prefix is None:
         raise FileNotFoundError(f"no checkpoint in {path} (a directory written by session.checkpoint())")
-    optimizer = model.optimizer
-    if isinstance(optimizer, tf.keras.optimizers.Optimizer) and not getattr(optimizer, "_built", False):
-        optimizer.build(model.trainable_variables)  # (legacy optimizers restore their slots when they make them)
+    _build_optimizer(model)
     progress_var = tf.Variable([0, 0, 0, 0], dtype=tf.int64)
     status = _tracked(model, progress_var).restore(prefix)
     try:
