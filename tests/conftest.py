@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 STATE = Path(os.environ.get("HPCDL_TESTBED_STATE", "/var/lib/jupyter-hpcdl-testbed"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))  # the bed's own modules (hubclient, bed)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,93 @@
+"""The main job's last part: the first notebook, run as alice in her JupyterLab job through the hub.
+
+Her server is spawned through the hub's REST API (two nodes, a GPU each); in a kernel of that server (inside her
+container, the way JupyterLab runs one) nbclient executes ``notebooks/01-first-training.ipynb`` top to bottom, so
+its TrainingSession puts one rank on each node of the job, each in her container. Then each rank's figures are
+printed, with where the executed notebook and the PNG of its charts were written, and her server is stopped.
+
+    /opt/jupyter-hpcdl/venv/bin/python testbed/demo_notebook.py [--user alice] [--nodes 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import shutil
+import sys
+from pathlib import Path
+
+from hubclient import Hub
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("HPCDL_TESTBED_STATE", "/var/lib/jupyter-hpcdl-testbed"))
+NOTEBOOK = "01-first-training.ipynb"
+#: Run in the user's kernel: execute the notebook with nbclient (its kernel starts in the same container and job,
+#: so it finds the allocation) and print the summary its last cell printed.
+EXECUTE = """
+import json, nbformat
+from nbclient import NotebookClient
+book = nbformat.read({src!r}, as_version=4)
+try:
+    NotebookClient(book, timeout=600, kernel_name="python3", resources={{"metadata": {{"path": {cwd!r}}}}}).execute()
+finally:
+    nbformat.write(book, {dst!r})
+texts = ["".join(o["text"]) for c in book.cells for o in c.get("outputs", [])
+         if o.get("output_type") == "stream" and o.get("name") == "stdout"]
+print(json.dumps([t for t in texts if t.lstrip().startswith("{{") and '"notebook"' in t][-1]))
+"""
+
+
+def place_notebook(user: str) -> Path:
+    """A copy of the notebook in the user's home (theirs, as a workshop's copy would be); the directory."""
+    pw = pwd.getpwnam(user)
+    work = Path(pw.pw_dir) / "hpcdl-notebooks"
+    work.mkdir(exist_ok=True)
+    shutil.copy(REPO / "notebooks" / NOTEBOOK, work / NOTEBOOK)
+    for path in (work, work / NOTEBOOK):
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    return work
+
+
+def run_first_notebook(hub: Hub, user: str = "alice", nodes: int = 2) -> tuple[dict, Path]:
+    """Spawn ``user``'s server on ``nodes`` nodes, execute the notebook in it, stop the server; the notebook's
+    summary and the executed copy."""
+    work = place_notebook(user)
+    executed = work / NOTEBOOK.replace(".ipynb", ".executed.ipynb")
+    if hub.server(user):
+        hub.stop(user)
+    status, body = hub.api("POST", f"/hub/api/users/{user}/server",
+                           {"nodes": nodes, "gpus_per_node": 1, "image": "base"}, timeout=120)
+    if status not in (201, 202):
+        raise RuntimeError(f"the hub refused {user}'s server: {status} {body}")
+    try:
+        hub.wait_ready(user, timeout=300)
+        hub.wait_routed(user)
+        print(f"== {user}'s JupyterLab runs as a Slurm job on {nodes} nodes; running {NOTEBOOK} in it", flush=True)
+        out = hub.run_in_kernel(user, EXECUTE.format(src=str(work / NOTEBOOK), dst=str(executed), cwd=str(work)),
+                                timeout=900)
+    finally:
+        if hub.server(user):
+            hub.stop(user)
+    return json.loads(json.loads(out.strip().splitlines()[-1])), executed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--user", default="alice")
+    p.add_argument("--nodes", type=int, default=2)
+    args = p.parse_args(argv)
+    hub = Hub(json.loads((STATE / "bed.json").read_text()))
+    summary, executed = run_first_notebook(hub, args.user, args.nodes)
+    print(f"-- the ranks ran in {summary['where']!r}: {summary['ranks']} ranks, {summary['epochs']} epochs, mean "
+          f"loss {summary['loss_first_epoch']:.3f} after the first epoch, {summary['loss_last_epoch']:.3f} after the "
+          "last")
+    for rank, figures in sorted(summary["per_rank"].items(), key=lambda kv: int(kv[0])):
+        print(f"rank {rank}: " + json.dumps(figures))
+    print(f"-- the executed notebook: {executed}")
+    print(f"-- its charts as a PNG:   {summary['chart']}")
+    return 0 if summary["where"] == "allocation" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
