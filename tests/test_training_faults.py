@@ -145,8 +145,12 @@ def test_stop_and_calls_end_even_when_a_rank_hangs():
         os.kill(pids[0], signal.SIGSTOP)
         t0 = time.monotonic()
         s.stop_training()
-        thread.join(60)
-        assert not thread.is_alive() and time.monotonic() - t0 < 5 + 10
+        thread.join(120)
+        took = time.monotonic() - t0
+        # the documented deadline: stop_grace, stretched by slow steps to 2 x stop_check_every (20) step times (a
+        # loaded CI machine once had a 1 s step here: 40 s of grace, as designed); then 10 s to end the world
+        step = max(s.metrics_table.latest_step_times().values(), default=0.0)
+        assert not thread.is_alive() and took < max(5, 2 * 20 * step) + 10, (took, step)
         message = str(box.get("error"))
         assert "Stop made no progress for" in message and "(stop_grace" in message and "rank(s) 0" in message, message
         assert _gone(pids.values()) == []
