@@ -23,19 +23,28 @@ REPO = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("HPCDL_TESTBED_STATE", "/var/lib/jupyter-hpcdl-testbed"))
 NOTEBOOK = "01-first-training.ipynb"
 #: Run in the user's kernel: execute the notebook with nbclient (its kernel starts in the same container and job,
-#: so it finds the allocation) and print the summary its last cell printed.
+#: so it finds the allocation) and write the executed copy.
 EXECUTE = """
-import json, nbformat
+import nbformat
 from nbclient import NotebookClient
 book = nbformat.read({src!r}, as_version=4)
 try:
     NotebookClient(book, timeout=600, kernel_name="python3", resources={{"metadata": {{"path": {cwd!r}}}}}).execute()
 finally:
     nbformat.write(book, {dst!r})
-texts = ["".join(o["text"]) for c in book.cells for o in c.get("outputs", [])
-         if o.get("output_type") == "stream" and o.get("name") == "stdout"]
-print(json.dumps([t for t in texts if t.lstrip().startswith("{{") and '"notebook"' in t][-1]))
 """
+
+
+def notebook_summary(path: Path) -> dict:
+    """The JSON an executed notebook's summary cell printed (its last printed JSON object with a "notebook" key)."""
+    book = json.loads(path.read_text())
+    for cell in reversed(book["cells"]):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and output.get("name") == "stdout":
+                text = "".join(output["text"])
+                if text.lstrip().startswith("{") and '"notebook"' in text:
+                    return json.loads(text)
+    raise ValueError(f"{path.name} printed no summary")
 
 
 def place_notebook(user: str) -> Path:
@@ -64,12 +73,12 @@ def run_first_notebook(hub: Hub, user: str = "alice", nodes: int = 2) -> tuple[d
         hub.wait_ready(user, timeout=300)
         hub.wait_routed(user)
         print(f"== {user}'s JupyterLab runs as a Slurm job on {nodes} nodes; running {NOTEBOOK} in it", flush=True)
-        out = hub.run_in_kernel(user, EXECUTE.format(src=str(work / NOTEBOOK), dst=str(executed), cwd=str(work)),
-                                timeout=900)
+        hub.run_in_kernel(user, EXECUTE.format(src=str(work / NOTEBOOK), dst=str(executed), cwd=str(work)),
+                          timeout=900)
     finally:
         if hub.server(user):
             hub.stop(user)
-    return json.loads(json.loads(out.strip().splitlines()[-1])), executed
+    return notebook_summary(executed), executed
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,6 @@ it again would add minutes and prove nothing about binder/."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import subprocess
@@ -16,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from demo_notebook import notebook_summary
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]-*.ipynb"))
@@ -76,20 +77,8 @@ def executed(binder_env, tmp_path_factory) -> dict[str, dict]:
                                str(out), str(work / "notebooks")], env=env, capture_output=True, text=True,
                               timeout=1200)
         assert done.returncode == 0, f"{notebook.name} failed (executed copy: {out}):\n{done.stderr[-4000:]}"
-        summaries[notebook.stem] = {**_summary(out), "outputs": work / "notebooks" / "outputs"}
+        summaries[notebook.stem] = {**notebook_summary(out), "outputs": work / "notebooks" / "outputs"}
     return summaries
-
-
-def _summary(path: Path) -> dict:
-    """The JSON the notebook's summary cell printed (its last printed JSON object with a "notebook" key)."""
-    book = json.loads(path.read_text())
-    for cell in reversed(book["cells"]):
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "stream" and output.get("name") == "stdout":
-                text = "".join(output["text"])
-                if text.lstrip().startswith("{") and '"notebook"' in text:
-                    return json.loads(text)
-    raise AssertionError(f"{path.name} printed no summary")
 
 
 def test_every_notebook_is_run_here():

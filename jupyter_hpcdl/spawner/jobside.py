@@ -3,7 +3,8 @@ scheduler's client): prepare the user's container, write the container kernelspe
 hub only that port (the hub takes the node from the scheduler), then run the single-user server as the child of
 this process, which stays the job's subreaper (:mod:`.subreaper`: nothing the server starts outlives the job).
 
-The port is held, not just picked: the socket bound to it (SO_REUSEADDR, never listening) is passed to the server, so the kernel gives the port to no one else asking for a free port, and a plain bind of it
+The port is held, not just picked: the socket bound to it (SO_REUSEADDR, never listening) is passed to the server,
+so the kernel gives the port to no one else asking for a free port, and a plain bind of it
 fails (a process that sets SO_REUSEADDR itself and listens first could still take it); the server binds the same port
 (tornado sets SO_REUSEADDR too, which Linux allows while no socket listens on it) and listens, and the server
 extension then closes the held socket (``HPCDL_HELD_PORT_FD``)."""
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[jupyter-hpcdl] server on {host}:{port}", flush=True)
     argv = [*command, f"--MultiKernelManager.default_kernel_name={KERNEL_NAME}"]
     fd = held.detach()  # from here on only the server holds the port (its extension closes it once listening)
-    return supervise(argv, pass_fds=[fd], close_fds_after_start=[fd])
+    return supervise(argv, pass_fds=[fd])
 
 
 if __name__ == "__main__":

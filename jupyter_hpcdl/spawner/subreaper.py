@@ -79,16 +79,15 @@ def end_descendants(grace: float, kill_wait: float = 5.0) -> list[str]:
     return killed
 
 
-def supervise(argv: Sequence[str], pass_fds: Sequence[int] = (), close_fds_after_start: Sequence[int] = (),
-              grace: float = 10.0) -> int:
-    """Run ``argv`` as a child of this (subreaper) process with ``pass_fds`` (those in ``close_fds_after_start``
-    are then closed here), pass it the signals in :data:`FORWARDED`, and once it exits end whatever is left below;
-    returns its exit code (128 + N for a signal N, as a shell gives)."""
+def supervise(argv: Sequence[str], pass_fds: Sequence[int] = (), grace: float = 10.0) -> int:
+    """Run ``argv`` as a child of this (subreaper) process, handing it ``pass_fds`` (closed here once it started:
+    the child alone holds them), pass it the signals in :data:`FORWARDED`, and once it exits end whatever is left
+    below; returns its exit code (128 + N for a signal N, as a shell gives)."""
     become_subreaper()
     try:
         child = subprocess.Popen(list(argv), pass_fds=tuple(pass_fds))
     finally:
-        for fd in close_fds_after_start:
+        for fd in pass_fds:
             os.close(fd)
 
     def forward(signum, _frame):
