@@ -233,7 +233,8 @@ class AllocationOwner:
         self.environ = dict(os.environ if environ is None else environ)
         self.job_id = self.environ.get("SLURM_JOB_ID", "")
         self._steps: list[subprocess.Popen] = []
-        self._jobs: set[str] = set()  # new allocations submitted for kernels
+        self._jobs: set[str] = set()  # new allocations submitted for kernels (cancelled when the server ends)
+        self._known: set[str] = set()  # every job submitted for kernels (batch runs too, which outlive the server)
         self.sessions: dict[str, tuple[float, dict]] = {}  # by session id: (when reported, report)
 
     async def describe(self) -> dict:
@@ -305,12 +306,13 @@ class AllocationOwner:
         return {"pid": step.pid, "argv": argv}
 
     def _submitted(self, job_id: str) -> None:
-        if job_id not in self._jobs:
+        if job_id not in self._known:
             raise ValueError(f"job {job_id!r} was not submitted through this allocation's owner")
 
-    async def submit_job(self, batch_file: str) -> dict:
-        """sbatch a kernel's batch script for a new allocation (the kernel, in its container, has no sbatch). The
-        script must be a file in the user's home; the job gets none of this job's SLURM_* variables."""
+    async def submit_job(self, batch_file: str, keep: bool = False) -> dict:
+        """sbatch a kernel's batch script (the kernel, in its container, has no sbatch). The script must be a file in
+        the user's home; the job gets none of this job's SLURM_* variables. A job is cancelled when this server ends,
+        unless ``keep`` (a batch run, which is meant to outlive the notebook)."""
         home = os.path.realpath(os.path.expanduser("~"))
         path = os.path.realpath(batch_file) if isinstance(batch_file, str) else ""
         if not path.startswith(home + os.sep) or not os.path.isfile(path):
@@ -320,18 +322,38 @@ class AllocationOwner:
         if out.returncode:
             raise ValueError(f"sbatch refused the job: {out.stderr.strip() or out.stdout.strip()}")
         job_id = re.search(r"\d+", out.stdout).group()
-        self._jobs.add(job_id)
+        self._known.add(job_id)
+        if not keep:
+            self._jobs.add(job_id)
         return {"job_id": job_id, "output": out.stdout.strip()}
 
-    async def job_time_left(self, job_id: str) -> dict:
-        """Walltime left of a job this owner submitted (a kernel's new allocation), as squeue says."""
+    async def job_status(self, job_id: str) -> dict:
+        """A job this owner submitted: its phase (pending, running, ended or unknown), the scheduler's state and
+        reason, and its walltime left, as the scheduler says. A job the scheduler has forgotten (some time after it
+        ended) is "ended" with an empty state."""
+        from .spawner.scheduler import ENDED, UNKNOWN
+        from .spawner.slurm import Slurm
+
         self._submitted(job_id)
-        return {"job_id": job_id, "time_left_s": await squeue_time_left_async(job_id, env=self.environ)}
+        slurm = Slurm()
+        try:
+            out = await run_command_async(slurm.job_argv(job_id), QUERY_TIMEOUT_S, self.environ)
+        except (OSError, TimeoutError) as e:
+            return {"job_id": job_id, "phase": UNKNOWN, "state": "", "reason": str(e), "time_left_s": None}
+        info = slurm.parse_job(out.stdout) if out.returncode == 0 else None
+        if info is None:
+            if slurm.job_forgotten(out.stderr):
+                return {"job_id": job_id, "phase": ENDED, "state": "", "reason": "", "time_left_s": None}
+            return {"job_id": job_id, "phase": UNKNOWN, "state": "", "reason": out.stderr.strip()[:300],
+                    "time_left_s": None}
+        time_left = await squeue_time_left_async(job_id, env=self.environ) if info.phase != ENDED else None
+        return {"job_id": job_id, "phase": info.phase, "state": info.state, "reason": info.reason,
+                "exit_code": info.exit_code, "time_left_s": time_left}
 
     async def cancel_job(self, job_id: str) -> dict:
         self._submitted(job_id)
         (await run_command_async(["scancel", job_id], COMMAND_TIMEOUT_S, self.environ)).check_returncode()
-        self._jobs.discard(job_id)
+        self._jobs.discard(job_id)  # still known: its state can be asked until the scheduler forgets it
         return {"cancelled": job_id}
 
     def _running_steps(self) -> list[subprocess.Popen]:
@@ -377,9 +399,9 @@ async def handle(owner: AllocationOwner, method: str, path: str, body: dict) -> 
             owner.report(session_report(body))
             return 200, owner.current_session()
         if method == "POST" and path == "/jobs":
-            return 201, await owner.submit_job(body.get("batch_file"))
+            return 201, await owner.submit_job(body.get("batch_file"), body.get("keep") is True)
         if method == "GET" and re.fullmatch(r"/jobs/\d+", path):
-            return 200, await owner.job_time_left(path.rsplit("/", 1)[1])
+            return 200, await owner.job_status(path.rsplit("/", 1)[1])
         if method == "DELETE" and re.fullmatch(r"/jobs/\d+", path):
             return 200, await owner.cancel_job(path.rsplit("/", 1)[1])
         if method == "DELETE" and path == "/engines":
