@@ -16,6 +16,7 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--lr", type=float, default=0.002, help="learning rate of one worker (scaled by the size)")
+parser.add_argument("--history", help="rank 0 writes each epoch's loss and accuracy here (CSV)")
 args = parser.parse_args()
 
 hvd.init()
@@ -37,4 +38,9 @@ callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.Me
 history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, callbacks=callbacks,
                     verbose=2 if hvd.rank() == 0 else 0)
 if hvd.rank() == 0:
+    if args.history:
+        with open(args.history, "w") as f:
+            f.write("epoch,loss,accuracy\n")
+            for epoch, (loss, acc) in enumerate(zip(history.history["loss"], history.history["accuracy"])):
+                f.write(f"{epoch},{loss},{acc}\n")
     print(f"final loss {history.history['loss'][-1]:.4f} accuracy {history.history['accuracy'][-1]:.3f}")

@@ -47,38 +47,50 @@ def notebook_summary(path: Path) -> dict:
     raise ValueError(f"{path.name} printed no summary")
 
 
-def place_notebook(user: str) -> Path:
-    """A copy of the notebook in the user's home (theirs, as a workshop's copy would be); the directory."""
+def place_notebooks(user: str, names: list[str]) -> Path:
+    """Copies of the notebooks in the user's home (theirs, as a workshop's copy would be), with the example script
+    they run beside them; the directory."""
     pw = pwd.getpwnam(user)
     work = Path(pw.pw_dir) / "hpcdl-notebooks"
     work.mkdir(exist_ok=True)
-    shutil.copy(REPO / "notebooks" / NOTEBOOK, work / NOTEBOOK)
-    for path in (work, work / NOTEBOOK):
+    copies = [shutil.copy(REPO / "notebooks" / name, work / name) for name in names]
+    copies.append(shutil.copy(REPO / "examples" / "horovod_keras_digits.py", work / "horovod_keras_digits.py"))
+    for path in (work, *copies):
         os.chown(path, pw.pw_uid, pw.pw_gid)
     return work
 
 
-def run_first_notebook(hub: Hub, user: str = "alice", nodes: int = 2) -> tuple[dict, Path]:
-    """Spawn ``user``'s server on ``nodes`` nodes, execute the notebook in it, stop the server; the notebook's
-    summary and the executed copy."""
-    work = place_notebook(user)
-    executed = work / NOTEBOOK.replace(".ipynb", ".executed.ipynb")
+def run_notebooks(hub: Hub, user: str = "alice", nodes: int = 2, names: list[str] | None = None
+                  ) -> dict[str, tuple[dict, Path]]:
+    """Spawn ``user``'s server on ``nodes`` nodes, execute the notebooks (``names``, by default the first) in it
+    one after the other, stop the server; each notebook's summary and executed copy, by name."""
+    names = names or [NOTEBOOK]
+    work = place_notebooks(user, names)
     if hub.server(user):
         hub.stop(user)
     status, body = hub.api("POST", f"/hub/api/users/{user}/server",
                            {"nodes": nodes, "gpus_per_node": 1, "image": "base"}, timeout=120)
     if status not in (201, 202):
         raise RuntimeError(f"the hub refused {user}'s server: {status} {body}")
+    done = {}
     try:
         hub.wait_ready(user, timeout=300)
         hub.wait_routed(user)
-        print(f"== {user}'s JupyterLab runs as a Slurm job on {nodes} nodes; running {NOTEBOOK} in it", flush=True)
-        hub.run_in_kernel(user, EXECUTE.format(src=str(work / NOTEBOOK), dst=str(executed), cwd=str(work)),
-                          timeout=900)
+        for name in names:
+            executed = work / name.replace(".ipynb", ".executed.ipynb")
+            print(f"== {user}'s JupyterLab runs as a Slurm job on {nodes} nodes; running {name} in it", flush=True)
+            hub.run_in_kernel(user, EXECUTE.format(src=str(work / name), dst=str(executed), cwd=str(work)),
+                              timeout=900)
+            done[name] = (notebook_summary(executed), executed)
     finally:
         if hub.server(user):
             hub.stop(user)
-    return notebook_summary(executed), executed
+    return done
+
+
+def run_first_notebook(hub: Hub, user: str = "alice", nodes: int = 2) -> tuple[dict, Path]:
+    """The first notebook, run as :func:`run_notebooks` runs them."""
+    return run_notebooks(hub, user, nodes)[NOTEBOOK]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ it again would add minutes and prove nothing about binder/."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -69,7 +70,8 @@ def executed(binder_env, tmp_path_factory) -> dict[str, dict]:
     shutil.copytree(REPO / "examples", work / "examples")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JUPYTER_PATH")}
-    env.update(PATH=f"{binder_env}/bin:{os.environ['PATH']}", TF_CPP_MIN_LOG_LEVEL="2")
+    env.update(PATH=f"{binder_env}/bin:{os.environ['PATH']}", TF_CPP_MIN_LOG_LEVEL="2",
+               HPCDL_BATCH_ROOT=str(work / "batch-runs"))
     summaries = {}
     for notebook in NOTEBOOKS:
         out = ARTIFACTS / notebook.name
@@ -83,7 +85,7 @@ def executed(binder_env, tmp_path_factory) -> dict[str, dict]:
 
 def test_every_notebook_is_run_here():
     assert [n.stem for n in NOTEBOOKS] == ["01-first-training", "02-your-own-model-and-data", "03-scaling",
-                                          "04-checkpoint-resume-rescale", "05-horovod-script"]
+                                          "04-checkpoint-resume-rescale", "05-horovod-script", "06-batch-mode"]
 
 
 def test_first_training_trains_two_local_ranks_and_draws_its_charts(executed):
@@ -127,3 +129,14 @@ def test_an_unchanged_horovod_script_runs_on_the_ranks_and_streams_metrics(execu
     s = executed["05-horovod-script"]
     assert s["exit_codes"] == {"0": 0, "1": 0}
     assert s["last_line"].startswith("final loss") and s["batches_streamed"] > 0
+
+
+def test_batch_mode_submits_watches_and_collects_a_run_of_local_ranks(executed):
+    s = executed["06-batch-mode"]
+    assert s["where"] == "local" and s["exit_code"] == 0 and s["ranks_seen"] == [0, 1], s
+    assert s["epochs"] == 4 and s["loss_last_epoch"] < 0.8 * s["loss_first_epoch"]
+    assert s["attached_phase"] == "ended"
+    run = Path(s["directory"])
+    assert json.loads((run / "status.json").read_text())["exit_code"] == 0
+    assert len((run / "history.csv").read_text().splitlines()) == 5  # what the script wrote in its directory
+    assert Path(s["chart"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,12 +1,14 @@
-"""The first notebook unchanged in a job through the hub (what the main job, ``testbed/demo``, ends with): alice's
-JupyterLab on two nodes, the notebook executed in her containerized kernel, one rank per node in her container."""
+"""The notebooks unchanged in a job through the hub (the first is what the main job, ``testbed/demo``, ends with):
+alice's JupyterLab on two nodes, each notebook executed in her containerized kernel, one rank per node in her
+container."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from demo_notebook import run_first_notebook
+from demo_notebook import run_first_notebook, run_notebooks
 from hubclient import Hub
 
 pytestmark = pytest.mark.testbed
@@ -23,3 +25,30 @@ def test_first_notebook_trains_across_the_two_nodes_of_alices_job(bed):
     assert not [o for c in book["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     with open(summary["chart"], "rb") as png:
         assert png.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+THE_REST = ["02-your-own-model-and-data.ipynb", "03-scaling.ipynb", "04-checkpoint-resume-rescale.ipynb",
+            "05-horovod-script.ipynb", "06-batch-mode.ipynb"]
+
+
+def test_the_other_notebooks_run_unchanged_in_alices_job(bed):
+    """Notebooks 02-06, unchanged, in one server of alice's (two nodes): the ranks on the job's nodes in her
+    container, the batch run in a Slurm job of its own."""
+    done = run_notebooks(Hub(bed), "alice", nodes=2, names=THE_REST)
+    s = {name.split("-", 1)[0]: summary for name, (summary, _) in done.items()}
+    assert s["02"]["where"] == "allocation" and s["02"]["history_rows"] == 4 and s["02"]["val_accuracy"] > 0.7, s
+    for mode in ("strong", "weak"):
+        assert [r["ranks"] for r in s["03"][mode]] == [1, 2] and all(r["throughput"] > 0 for r in s["03"][mode])
+    assert s["04"]["weights_match_checkpoint"] and s["04"]["ranks_after_rescale"] == 1
+    assert s["04"]["time_left"] is not None and s["04"]["time_left"] > 0, s["04"]  # a job's walltime, this time
+    assert s["05"]["exit_codes"] == {"0": 0, "1": 0} and s["05"]["batches_streamed"] > 0
+    batch = s["06"]
+    assert batch["where"] == "slurm" and batch["job_id"].isdigit() and batch["exit_code"] == 0, batch
+    assert batch["ranks_seen"] == [0, 1] and batch["epochs"] == 4
+    assert batch["loss_last_epoch"] < batch["loss_first_epoch"] and batch["attached_phase"] == "ended"
+    job = subprocess.run(["squeue", "-h", "-j", batch["job_id"], "-o", "%T"], capture_output=True, text=True,
+                         timeout=30)
+    assert job.stdout.strip() in ("", "COMPLETED", "COMPLETING"), job  # the batch job ended by itself
+    for _, executed in done.values():
+        book = json.loads(executed.read_text())
+        assert not [o for c in book["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]

@@ -440,3 +440,41 @@ def test_the_users_model_data_and_script_train_across_two_nodes_in_containers(be
     assert result["epochs"] == 3 and result["after"][0] < history["0"]["loss"][0]
     assert result["script_exit"] == {"0": 0, "1": 0} and "final loss" in result["script_out"]
     assert result["script_metric_ranks"] == [0, 1], "the script's metrics did not stream from its ranks"
+
+
+BATCH_FAULTS_CODE = """
+import json
+from jupyter_hpcdl.batch import BatchRun
+out = {}
+# more GPUs than the nodes have free while this server holds one on each: it waits in the queue, and says why
+queued = BatchRun.submit(command=["python3", "-c", "pass"], ranks=8, nodes=2, gpus_per_rank=1, walltime=5,
+                         name="queued")
+try:
+    queued.wait(timeout=15, every=2)
+except TimeoutError as e:
+    out["gave_up"] = str(e)
+queued.cancel()
+out["cancelled"] = queued.wait(timeout=60, every=2, show=False).state
+out["queued_id"] = queued.job_id
+out["queued_result"] = queued.result().exit_code
+# a command that fails: its exit code comes back
+failing = BatchRun.submit(command=["python3", "-c", "import sys; print('about to fail', flush=True); sys.exit(3)"], ranks=2,
+                          nodes=2, walltime=5, name="fails")
+ended = failing.wait(timeout=240, every=2, show=False)
+result = failing.result()
+out.update(failed_state=ended.state, failed_code=result.exit_code, failed_why=result.why,
+           failed_said=result.output)
+print(json.dumps(out))
+"""
+
+
+def test_a_batch_run_in_the_queue_says_why_is_cancelled_and_a_failing_one_gives_its_exit_code(bed):
+    out = _result_from_alices_kernel(bed, {"nodes": 2, "gpus_per_node": 1, "walltime": "00:20:00"},
+                                     BATCH_FAULTS_CODE)
+    assert re.search(r"pending, PENDING \((Resources|Priority)\).*still not ended after 15 s", out["gave_up"]), out
+    assert out["cancelled"] in ("CANCELLED", ""), out  # "" once Slurm has forgotten it
+    assert out["queued_result"] is None  # it never ran: no exit code is made up
+    left = subprocess.run(["squeue", "-h", "-j", out["queued_id"], "-o", "%T"], capture_output=True, text=True,
+                          timeout=30)
+    assert left.stdout.strip() in ("", "CANCELLED"), left
+    assert out["failed_code"] == 3 and out["failed_state"] == "FAILED" and "about to fail" in out["failed_said"], out
