@@ -24,7 +24,7 @@ gpus = tf.config.experimental.list_physical_devices("GPU")
 for gpu in gpus:
     tf.config.experimental.set_memory_growth(gpu, True)
 if gpus:
-    tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    tf.config.experimental.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")  # one each, or all
 
 x, y = load_digits(return_X_y=True)
 x, y = (x[hvd.rank()::hvd.size()] / 16.0).astype("float32"), y[hvd.rank()::hvd.size()]
