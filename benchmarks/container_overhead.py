@@ -13,6 +13,8 @@ ptrace) and udocker's P1, in alternating rounds (issue: containers at native spe
 Run as a test-bed user whose udocker holds the image (the bed gives alice hpcdl/base:latest)::
 
     runuser -u alice -- /opt/jupyter-hpcdl/venv/bin/python benchmarks/container_overhead.py --rounds 3
+
+Start-up alone, with more samples: ``--parts start --rounds 10 --start-samples 5``.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jupyter_hpcdl.containers.site import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV
+from jupyter_hpcdl.containers.settings import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV
 
 HERE = Path(__file__).resolve().parent
 SYSCALLS = 20000
@@ -59,6 +61,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--models", default="cnn:32:32,MobileNetV2:64:16,ResNet50:64:8",
                    help="model:image size:batch, comma-separated (cnn is the small CNN)")
+    p.add_argument("--parts", default="train,io,start,syscall",
+                   help="what to measure, comma-separated: train, io, start, syscall")
+    p.add_argument("--start-samples", type=int, default=1,
+                   help="start-ups timed per mode and round (their median is the round's figure)")
     p.add_argument("--out", help="also write the results as JSON here")
     args = p.parse_args()
     python = sys.executable
@@ -73,7 +79,11 @@ def main() -> int:
             said = timed(prefix[m] + ["-c", "import os; print(os.environ['HPCDL_CONTAINER_MODE'])"])[1].strip()
             if said != m:
                 raise SystemExit(f"asked for {m}, the container ran in {said}: this node cannot run {m}")
-        models = [(m, int(s), int(b)) for m, s, b in (spec.split(":") for spec in args.models.split(","))]
+        parts = set(args.parts.split(","))
+        if parts - {"train", "io", "start", "syscall"}:
+            raise SystemExit(f"unknown parts {sorted(parts - {'train', 'io', 'start', 'syscall'})}")
+        models = [(m, int(s), int(b)) for m, s, b in (spec.split(":") for spec in args.models.split(","))] \
+            if "train" in parts else []
         rows = []
         for r in range(args.rounds):
             order = ["native", *MODES][r % 3:] + ["native", *MODES][: r % 3]
@@ -83,12 +93,16 @@ def main() -> int:
                     str(work / "cnn_workload.py"), f"--steps={args.steps}", f"--model={model}",
                     f"--image-size={size}", f"--batch={batch}"])[1].strip().splitlines()[-1])["images_per_s"]
                     for where in order}
-            row["io"] = {where: json.loads(timed(prefix[where] + [str(work / "io_workload.py"), str(work)])[1]
-                                           .strip().splitlines()[-1]) for where in order}
-            row["start_s"] = {where: timed((prefix[where] if where != "native" else ["/usr/bin/python3"])
-                                           + ["-c", "pass"])[0] for where in order}
-            row["syscall_us"] = {where: float(timed(prefix[where] + ["-c", SYSCALL_PROBE])[1].split()[-1])
-                                 / SYSCALLS * 1e6 for where in order}
+            if "io" in parts:
+                row["io"] = {where: json.loads(timed(prefix[where] + [str(work / "io_workload.py"), str(work)])[1]
+                                               .strip().splitlines()[-1]) for where in order}
+            if "start" in parts:
+                row["start_s"] = {where: statistics.median(
+                    timed((prefix[where] if where != "native" else ["/usr/bin/python3"]) + ["-c", "pass"])[0]
+                    for _ in range(args.start_samples)) for where in order}
+            if "syscall" in parts:
+                row["syscall_us"] = {where: float(timed(prefix[where] + ["-c", SYSCALL_PROBE])[1].split()[-1])
+                                     / SYSCALLS * 1e6 for where in order}
             rows.append(row)
             print(json.dumps(row), flush=True)
         med = statistics.median
@@ -98,12 +112,18 @@ def main() -> int:
                 summary[f"{model}_{m}_over_native"] = med(x[model][m] / x[model]["native"] for x in rows)
             summary[f"{model}_native_images_per_s"] = med(x[model]["native"] for x in rows)
         for m in MODES:
-            for part in ("write_files_s", "read_files_s", "checkpoint_s"):
-                summary[f"io_{part}_{m}_over_native"] = med(x["io"][m][part] / x["io"]["native"][part] for x in rows)
-            summary[f"start_{m}_minus_native_s"] = med(x["start_s"][m] - x["start_s"]["native"] for x in rows)
-            summary[f"syscall_{m}_us"] = med(x["syscall_us"][m] for x in rows)
-        summary["syscall_native_us"] = med(x["syscall_us"]["native"] for x in rows)
-        summary["start_native_s"] = med(x["start_s"]["native"] for x in rows)
+            if "io" in parts:
+                for part in ("write_files_s", "read_files_s", "checkpoint_s"):
+                    summary[f"io_{part}_{m}_over_native"] = med(x["io"][m][part] / x["io"]["native"][part]
+                                                                for x in rows)
+            if "start" in parts:
+                summary[f"start_{m}_minus_native_s"] = med(x["start_s"][m] - x["start_s"]["native"] for x in rows)
+            if "syscall" in parts:
+                summary[f"syscall_{m}_us"] = med(x["syscall_us"][m] for x in rows)
+        if "syscall" in parts:
+            summary["syscall_native_us"] = med(x["syscall_us"]["native"] for x in rows)
+        if "start" in parts:
+            summary["start_native_s"] = med(x["start_s"]["native"] for x in rows)
         print(json.dumps(summary, indent=2))
         if args.out:
             Path(args.out).write_text(json.dumps({"summary": summary, "rounds": rows}, indent=2) + "\n")
