@@ -138,7 +138,8 @@ def test_owner_keeps_a_bounded_number_of_sessions():
 #: Scripts for Slurm's commands (``{bin}``: where they are): a two-node job with 29:10 left; sbatch takes
 #: $FAKE_SBATCH_SECONDS; srun steps run until stopped, ignoring SIGTERM where $FAKE_SRUN_STUBBORN is set.
 FAKE_SLURM = {
-    "scontrol": "echo node1; echo node2",
+    "scontrol": 'case "$1" in --oneliner) echo "JobId=$4 JobState=RUNNING Reason=None ExitCode=0:0" ;; '
+                '*) echo node1; echo node2 ;; esac',
     "squeue": 'case "$5" in %L) echo 0:29:10 ;; *) echo "0:29:10|gpu|gpu:1" ;; esac',
     "sbatch": 'echo $$ > {bin}/sbatch.pid; sleep "${{FAKE_SBATCH_SECONDS:-0}}"; echo "Submitted batch job 4242"',
     "scancel": 'echo "$@" >> {bin}/scancel.called',
@@ -292,14 +293,20 @@ def test_engine_steps_stop_by_process_group_on_the_loop_and_at_exit(fake_slurm, 
     assert ask(owner, "GET", "/allocation", {})[1]["engine_steps"] == []
 
     pids.unlink()  # at exit, without an event loop: the steps and the jobs it submitted end too
-    assert ask(owner, "POST", "/jobs", {"batch_file": str(tmp_path / "job.sbatch")})[1]["job_id"] == "4242"
-    assert ask(owner, "GET", "/jobs/4242", {}) == (200, {"job_id": "4242", "time_left_s": 29 * 60 + 10})
+    batch = {"batch_file": str(tmp_path / "job.sbatch")}
+    assert ask(owner, "POST", "/jobs", {**batch, "keep": True})[1]["job_id"] == "4242"  # a batch run
+    owner.stop_all_sync()
+    assert not (tmp_path / "bin" / "scancel.called").exists(), "a batch run outlives the server"
+    assert ask(owner, "POST", "/jobs", batch)[1]["job_id"] == "4242"  # a new allocation for a session
+    assert ask(owner, "GET", "/jobs/4242", {}) == (200, {"job_id": "4242", "phase": "running", "state": "RUNNING",
+                                                         "reason": "", "exit_code": "0:0",
+                                                         "time_left_s": 29 * 60 + 10})
     steps = start(1)
     owner.stop_all_sync()
     wait_until(lambda: not group_alive(steps[0]), "the step's group gone at exit", 5)
     assert owner._steps == []
     assert (tmp_path / "bin" / "scancel.called").read_text().split() == ["4242"]
-    assert ask(owner, "GET", "/jobs/4242", {})[0] == 400, "forgotten once cancelled"
+    assert ask(owner, "GET", "/jobs/4242", {})[0] == 200, "still answered once cancelled (until Slurm forgets it)"
 
 
 def _frame(records):
