@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jupyter_hpcdl.containers.settings import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV
+from jupyter_hpcdl.containers.site import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV
 
 HERE = Path(__file__).resolve().parent
 SYSCALLS = 20000

@@ -24,7 +24,7 @@ import time
 
 from .allocation import hostnames
 from .atomic import atomic_write
-from .containers.settings import load_settings
+from .containers.site import load_site
 from .world import Slot, gloo_env, iface_for, plan_slots, slurm_hosts, slurm_slot
 
 GLOO_NAMES = tuple(gloo_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
@@ -154,7 +154,7 @@ def run_batch(args, command: list[str]) -> tuple[int, str]:
     iface = args.iface or iface_for(addr)
     hosts = slurm_hosts(hostnames(os.environ["SLURM_JOB_NODELIST"]), os.environ["SLURM_TASKS_PER_NODE"])
     size = sum(n for _, n in hosts)
-    load_settings().client().ensure_container(args.image)  # once, before the ranks (they share the home file system)
+    load_site().client().ensure_container(args.image)  # once, before the ranks (they share the home file system)
     server = _rendezvous(addr, hosts)
     try:
         srun = ["srun", "--kill-on-bad-exit=1", "--distribution=block", f"--ntasks={size}",

@@ -7,7 +7,7 @@ import signal
 import sys
 
 from .errors import ContainerError
-from .settings import load_settings
+from .site import load_site
 from .spec import Mount, RunSpec, names_with_prefixes
 
 
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        site = load_settings(args.site)  # JSON without traitlets: this is every containerized command's start
+        site = load_site(args.site)
         ud = site.client()
         if args.cmd == "images":
             print("\n".join(ud.images()))

@@ -22,7 +22,7 @@ from urllib3.util.retry import Retry
 
 from jupyter_hpcdl.containers.errors import ContainerError
 from jupyter_hpcdl.containers.kernelspec import container_kernelspec, write_kernelspec
-from jupyter_hpcdl.containers.settings import load_settings
+from jupyter_hpcdl.containers.site import load_site
 
 from .subreaper import supervise
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[jupyter-hpcdl] job {job} on {os.environ.get('SLURMD_NODENAME', socket.gethostname())}: "
           f"preparing the container for {args.image}", flush=True)
     try:
-        container = load_settings().client().ensure_container(args.image)
+        container = load_site().client().ensure_container(args.image)
     except ContainerError as e:
         print(f"[jupyter-hpcdl] error: {e}", file=sys.stderr, flush=True)
         return 2
