@@ -34,23 +34,31 @@ def _whole(kind: str, value, low: int, high: int) -> int:
     return value
 
 
-def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False) -> str:
-    """The batch script as an ipyparallel batch template: ``{n}``, ``{cluster_id}``, ``{profile_dir}`` and
-    ``{program_and_args}`` (the engine in its container) are filled in by the launcher. ``mpi``: srun gives the
-    ranks their MPI world (PMIx)."""
+def _header(alloc: NewAllocation, ranks: int, job_name: str, ntasks: str, extra: list[str]) -> list[str]:
+    """The #SBATCH lines both scripts share, every value checked: ``ranks`` tasks (written as ``ntasks``, which may
+    be a template's placeholder) block-wise over ``alloc.nodes`` nodes, then ``extra`` directives."""
     nodes = _whole("nodes", alloc.nodes, 1, 4096)
     _whole("ranks", ranks, nodes, 65536)
     gpus = _whole("gpus_per_rank", alloc.gpus_per_rank, 0, 16)
-    lines = ["#!/bin/sh", "#SBATCH --job-name=hpcdl-engines-{cluster_id}", "#SBATCH --export=ALL",
-             f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks={n}", "#SBATCH --distribution=block",
+    lines = ["#!/bin/sh", f"#SBATCH --job-name={job_name}", "#SBATCH --export=ALL", f"#SBATCH --nodes={nodes}",
+             f"#SBATCH --ntasks={ntasks}", "#SBATCH --distribution=block",
              f"#SBATCH --time={format_walltime(parse_walltime(alloc.walltime))}",
-             "#SBATCH --output={profile_dir}/log/hpcdl-engines-%j.out"]
+             *(f"#SBATCH {directive}" for directive in extra)]
     if alloc.partition is not None:
         lines.append(f"#SBATCH --partition={check_name('partition', alloc.partition)}")
     if alloc.account is not None:
         lines.append(f"#SBATCH --account={check_name('account', alloc.account)}")
     if gpus:
         lines.append(f"#SBATCH --gpus-per-task={gpus}")
+    return lines
+
+
+def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False) -> str:
+    """The batch script as an ipyparallel batch template: ``{n}``, ``{cluster_id}``, ``{profile_dir}`` and
+    ``{program_and_args}`` (the engine in its container) are filled in by the launcher. ``mpi``: srun gives the
+    ranks their MPI world (PMIx)."""
+    lines = _header(alloc, ranks, "hpcdl-engines-{cluster_id}", "{n}",
+                    ["--output={profile_dir}/log/hpcdl-engines-%j.out"])
     # the engines find the controller by these arguments (not only by exported variables: the job may be
     # submitted by the allocation's owner on the kernel's behalf, from another environment)
     lines.append("srun --kill-on-bad-exit=0 " + ("--mpi=pmix " if mpi else "")
@@ -74,24 +82,12 @@ def batch_run_script(alloc: NewAllocation, ranks: int, job_dir: str, host_python
     """The batch script of a batch run: ``ranks`` tasks over ``alloc.nodes`` nodes, their output (labelled by rank)
     in ``job_dir/output.log``, the exit code in ``job_dir/status.json``; the command's words are quoted for the
     shell, so they are passed exactly as given."""
-    nodes = _whole("nodes", alloc.nodes, 1, 4096)
-    _whole("ranks", ranks, nodes, 65536)
-    gpus = _whole("gpus_per_rank", alloc.gpus_per_rank, 0, 16)
     job_dir, python = check_job_dir(job_dir), check_job_dir(host_python)
     check_image_ref(image)
     check_name("job name", job_name)
     if not command or not all(isinstance(word, str) and word and "\0" not in word for word in command):
         raise ValueError("the command must be a non-empty list of non-empty strings")
-    lines = ["#!/bin/sh", f"#SBATCH --job-name={job_name}", "#SBATCH --export=ALL",
-             f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks={ranks}", "#SBATCH --distribution=block",
-             f"#SBATCH --time={format_walltime(parse_walltime(alloc.walltime))}",
-             f"#SBATCH --output={job_dir}/output.log", f"#SBATCH --chdir={job_dir}"]
-    if alloc.partition is not None:
-        lines.append(f"#SBATCH --partition={check_name('partition', alloc.partition)}")
-    if alloc.account is not None:
-        lines.append(f"#SBATCH --account={check_name('account', alloc.account)}")
-    if gpus:
-        lines.append(f"#SBATCH --gpus-per-task={gpus}")
+    lines = _header(alloc, ranks, job_name, str(ranks), [f"--output={job_dir}/output.log", f"--chdir={job_dir}"])
     lines.append(f"exec {python} -m jupyter_hpcdl.launch --image={image} --label "
                  f"--status-file={job_dir}/status.json -- " + shlex.join(command))
     return "\n".join(lines) + "\n"
