@@ -42,6 +42,12 @@ ENGINE_ENV = (*KERNEL_ENV, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLU
               "SLURM_STEP_NODELIST", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR", "IPP_CONNECTION_INFO")
 
 
+def owner_socket() -> str | None:
+    """The allocation owner's socket, when this kernel runs in a jupyter-hpcdl job."""
+    path = os.environ.get(SOCKET_ENV)
+    return path if path and os.path.exists(path) else None
+
+
 def default_socket_path(job_id: str) -> str:
     return os.path.expanduser(f"~/.jupyter-hpcdl/jobs/{job_id}/allocation.sock")
 

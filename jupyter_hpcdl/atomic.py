@@ -2,6 +2,7 @@
 only, so every layer (the containers' CLI, the doctor, the ranks' checkpoints) can use it at no import cost."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Callable
@@ -24,3 +25,12 @@ def atomic_write(path: str, write: Callable[[str], None]) -> str:
             os.unlink(tmp)
         raise
     return path
+
+
+def write_json(path: str, value, indent: int | None = None) -> str:
+    """``value`` as JSON at ``path``, whole or not at all."""
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(value, f, indent=indent)
+
+    return atomic_write(path, write)

@@ -28,8 +28,8 @@ from typing import Sequence
 
 import psutil
 
-from .allocation import SOCKET_ENV, request
-from .atomic import atomic_write
+from .allocation import SOCKET_ENV, owner_socket, request
+from .atomic import write_json
 from .jobvalues import check_name, parse_walltime
 from .newjob import NewAllocation, batch_run_script, check_job_dir
 
@@ -91,29 +91,16 @@ class BatchResult:
         return "".join(line[len(prefix):] for line in self.output.splitlines(keepends=True) if line.startswith(prefix))
 
 
-def _owner() -> str | None:
-    path = os.environ.get(SOCKET_ENV)
-    return path if path and os.path.exists(path) else None
-
-
 def _resolve(where: str) -> str:
     if where not in PLACES:
         raise ValueError(f"where must be one of {', '.join(PLACES)}, not {where!r}")
     if where == "auto":
-        return "slurm" if _owner() else "local"
-    if where == "slurm" and not _owner():
+        return "slurm" if owner_socket() else "local"
+    if where == "slurm" and not owner_socket():
         raise RuntimeError("where='slurm' submits through the allocation's owner of a jupyter-hpcdl job, and this "
                            f"kernel has none (${SOCKET_ENV} unset): run it from your JupyterLab on the hub, or use "
                            "where='local' for ranks on this machine")
     return where
-
-
-def _write_json(path: Path, data: dict) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-
-    atomic_write(str(path), write)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -168,7 +155,7 @@ class BatchRun:
         alloc = NewAllocation(nodes=nodes, walltime=minutes, partition=partition, account=account,
                               gpus_per_rank=gpus_per_rank)
         if where == "slurm":  # build (and check) the script before anything is made
-            sock = _owner()
+            sock = owner_socket()
             host_python = request(sock, "GET", "/allocation", timeout=QUERY_TIMEOUT_S)["host_python"]
             text = batch_run_script(alloc, ranks, str(directory), host_python, image, command, f"hpcdl-batch-{name}")
         elif not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= 256:
@@ -186,7 +173,7 @@ class BatchRun:
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)  # nothing was submitted: leave no half-made run behind
             raise
-        _write_json(directory / "run.json", record)
+        write_json(str(directory / "run.json"), record, indent=1)
         return cls(directory, record)
 
     @staticmethod
@@ -233,7 +220,7 @@ class BatchRun:
                 return BatchStatus(self.job_id, self.where, RUNNING, "RUNNING")
             return BatchStatus(self.job_id, self.where, ENDED, "LOST",
                                "the launcher ended without writing its status (killed?): see output()")
-        sock = _owner()
+        sock = owner_socket()
         try:
             if not sock:
                 raise RuntimeError("this kernel has no allocation owner to ask")
@@ -300,7 +287,7 @@ class BatchRun:
             if proc is not None:
                 proc.wait(5)
             return
-        sock = _owner()
+        sock = owner_socket()
         if not sock:
             raise RuntimeError(f"this kernel has no allocation owner to cancel job {self.job_id}: cancel it with "
                                f"scancel {self.job_id} in a terminal")

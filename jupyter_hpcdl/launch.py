@@ -13,7 +13,6 @@ container, joined over loopback, and ends them at ``--time-limit``::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -23,7 +22,7 @@ import threading
 import time
 
 from .allocation import hostnames
-from .atomic import atomic_write
+from .atomic import write_json
 from .containers.site import load_site
 from .world import Slot, gloo_env, iface_for, plan_slots, slurm_hosts, slurm_slot
 
@@ -170,11 +169,7 @@ def run_batch(args, command: list[str]) -> tuple[int, str]:
 
 def write_status(path: str, code: int, why: str) -> None:
     """The ranks' end, for whoever collects the run: written whole or not at all."""
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            json.dump({"exit_code": code, "why": why, "ended_at": time.time()}, f)
-
-    atomic_write(path, write)
+    write_json(path, {"exit_code": code, "why": why, "ended_at": time.time()})
 
 
 def main(argv: list[str] | None = None) -> int:

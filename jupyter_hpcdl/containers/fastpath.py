@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from ..atomic import atomic_write
+from ..atomic import write_json
 from .errors import ModeNotSupported
 from .runner import ContainerProcess
 from .spec import FAST_MODE, FAST_PATH_CHOICES
@@ -54,15 +54,6 @@ def read_cached(path: str, key: str) -> Decision | None:
     except (OSError, ValueError):
         return None
     return Decision(**data) if data.get("key") == key else None
-
-
-def write_json(path: str, value) -> None:
-    """``value`` as JSON at ``path``, whole or not at all (the project's atomic_write)."""
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            json.dump(value, f)
-
-    atomic_write(path, write)
 
 
 def write_cached(path: str, decision: Decision) -> None:

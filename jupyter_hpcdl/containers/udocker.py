@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from typing import Iterator, Mapping
 
 from .errors import InvalidSpec, ModeNotSupported, ToolsMissing, UdockerFailed, UnknownImage
-from .fastpath import Decision, decide, launch, record_failure, write_json
+from ..atomic import write_json
+from .fastpath import Decision, decide, launch, record_failure
 from .runner import ContainerProcess, private_env_file
 from .spec import (
     FAST_MODE,

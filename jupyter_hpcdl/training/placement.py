@@ -16,7 +16,7 @@ from typing import Callable
 import ipyparallel as ipp
 import psutil
 
-from ..allocation import SOCKET_ENV, request, squeue_time_left
+from ..allocation import SOCKET_ENV, owner_socket, request, squeue_time_left
 from ..newjob import NewAllocation, engines_job_template
 from ..world import hosts_from_tasks
 
@@ -43,12 +43,6 @@ class PlacementOptions:
     engine_cmd: list[str] | None = None
     mpi: bool = False
     new_allocation: NewAllocation | None = None
-
-
-def owner_socket() -> str | None:
-    """The allocation owner's socket, when this kernel runs in a jupyter-hpcdl job."""
-    path = os.environ.get(SOCKET_ENV)
-    return path if path and os.path.exists(path) else None
 
 
 def resolve(where: str) -> str:
