@@ -24,6 +24,7 @@ from jupyter_hpcdl.containers.errors import ContainerError
 from jupyter_hpcdl.containers.kernelspec import container_kernelspec, write_kernelspec
 from jupyter_hpcdl.containers.site import load_site
 
+from . import envfile
 from .subreaper import supervise
 
 KERNEL_NAME = "hpcdl"
@@ -66,11 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jupyter_hpcdl.spawner.jobside")
     p.add_argument("--image", required=True)
     p.add_argument("--listen-ip", default="", help="default: this node's address on its route to the hub")
+    p.add_argument("--env-file", default="", help="a file with the job's secrets (read once, then removed)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    job = os.environ.get("SLURM_JOB_ID", str(os.getpid()))
-    print(f"[jupyter-hpcdl] job {job} on {os.environ.get('SLURMD_NODENAME', socket.gethostname())}: "
+    if args.env_file:
+        os.environ.update(envfile.load(args.env_file))
+    job = os.environ.get("HPCDL_JOB_ID") or str(os.getpid())
+    print(f"[jupyter-hpcdl] job {job} on {os.environ.get('HPCDL_NODE') or socket.gethostname()}: "
           f"preparing the container for {args.image}", flush=True)
     try:
         container = load_site().client().ensure_container(args.image)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Awaitable, Callable
 
 from .commands import Result, run
-from .scheduler import ENDED, UNKNOWN, JobInfo, Scheduler
+from .scheduler import ENDED, PENDING, UNKNOWN, JobInfo, Scheduler
 
 Runner = Callable[..., Awaitable[Result]]
 
@@ -38,6 +39,7 @@ class JobQueue:
         self._tried_at = -1e9
         self._lock = asyncio.Lock()
         self._ended: dict[str, JobInfo] = {}
+        self._reasons: dict[str, tuple[tuple, str]] = {}  # job → (the reading it was asked at, why it waits)
 
     @property
     def reachable(self) -> bool:
@@ -95,7 +97,11 @@ class JobQueue:
             except SchedulerUnreachable as e:
                 self._failed(str(e))
                 return
-            self._jobs = self.scheduler.parse_queue(result.stdout)
+            try:
+                self._jobs = self.scheduler.parse_queue(result.stdout)
+            except ValueError as e:  # an answer that cannot be read is no answer (never "no jobs")
+                self._failed(f"reading the queue: {e}")
+                return
             self._read_at = time.monotonic()
             self._answered()
 
@@ -115,23 +121,48 @@ class JobQueue:
         if not self.reachable:
             return self.unknown(job_id)
         info = self._jobs.get(job_id)
+        if info is not None and info.phase == PENDING and not self.scheduler.queue_has_reasons:
+            return await self._pending_reason(info)
         if info is not None and info.phase != ENDED:
             return info
         if job_id not in self._ended:
             try:
-                result = await self.ask(self.scheduler.job_argv(job_id), f"asking about job {job_id}")
-                if result.returncode and not self.scheduler.job_forgotten(result.stderr + result.stdout):
-                    raise SchedulerUnreachable(result.failure(f"asking about job {job_id}"))
+                ended = await self._ask_job(self.scheduler.job_argv(job_id), f"asking about job {job_id}")
+                accounting = self.scheduler.accounting_argv(job_id)
+                if ended is None and accounting:  # gone from the scheduler's memory: its accounting may know
+                    ended = await self._ask_job(accounting, f"reading job {job_id}'s accounting")
             except SchedulerUnreachable as e:
                 self._failed(str(e))
                 return self.unknown(job_id)
-            ended = self.scheduler.parse_job(result.stdout) if result.returncode == 0 else None
             if ended is None:
                 return info
             if ended.phase != ENDED:  # left the queue listing between the two reads: report it as it is now
                 return ended
             self._ended[job_id] = ended
         return self._ended[job_id]
+
+    async def _ask_job(self, argv: list[str], what: str) -> JobInfo | None:
+        """One job as ``argv`` tells it; None where the scheduler does not know it."""
+        result = await self.ask(argv, what)
+        if result.returncode and not self.scheduler.job_forgotten(result.stderr + result.stdout):
+            raise SchedulerUnreachable(result.failure(what))
+        return self.scheduler.parse_job(result.stdout) if result.returncode == 0 else None
+
+    async def _pending_reason(self, info: JobInfo) -> JobInfo:
+        """A pending job with the reason its details give (asked once per reading of the queue)."""
+        key = (info.job_id, self._read_at)
+        if self._reasons.get(info.job_id, ((), ""))[0] != key:
+            try:
+                result = await self.ask(self.scheduler.job_argv(info.job_id), f"asking why job {info.job_id} waits")
+            except SchedulerUnreachable:
+                return info  # the listing's answer stands; the next reading asks again
+            detail = self.scheduler.parse_job(result.stdout) if result.returncode == 0 else None
+            self._reasons[info.job_id] = (key, detail.reason if detail and detail.phase == PENDING else "")
+            if detail is not None and detail.phase == ENDED:
+                self._ended[info.job_id] = detail
+                return detail
+        reason = self._reasons[info.job_id][1]
+        return replace(info, reason=reason) if reason else info
 
 
 _QUEUES: dict[tuple[str, float], JobQueue] = {}

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Sequence
 
+from traitlets import List, Unicode, validate
+from traitlets.config import Configurable
+
 from .options import JobRequest
 
 PENDING, RUNNING, ENDED = "pending", "running", "ended"
@@ -39,16 +42,47 @@ class Availability:
     idle_gpus: int
 
 
-class Scheduler:
-    """Interface of a batch-system adapter (every method is pure)."""
+class Scheduler(Configurable):
+    """Interface of a batch-system adapter: every method is pure (argv builders, output parsers). The site's hooks
+    are configuration (``c.Slurm.extra_directives = ["--qos=interactive"]``, ``c.GridEngine.prologue = [...]``)."""
 
     name = "abstract"
     directive = "#"
+    #: What the scheduler replaces by the job's id in an output path (Slurm's ``%j``).
+    job_id_placeholder = "%j"
+    #: The variable that holds the job's id inside the job.
+    job_id_env = "SLURM_JOB_ID"
+    #: The variable that names the node a job's script runs on (the scheduler's name for it).
+    node_env = "SLURMD_NODENAME"
+    #: Whether a job's environment stays between its user and the administrators (Slurm's). Where every user can
+    #: read it (Grid Engine's ``qstat -j``), the spawner gives the job its secrets in a file only the user reads.
+    private_env = True
+    #: Whether :meth:`parse_queue` says why a job waits; where not, :meth:`job_argv` of a pending job does.
+    queue_has_reasons = True
+
+    extra_directives = List(Unicode(), help="The site's own lines for every job's header, without the directive "
+                            "(Slurm: '--qos=interactive', '--constraint=a100'; Grid Engine: '-P project', "
+                            "'-l scratch=10G'); they come after the ones built from the request.").tag(config=True)
+    prologue = List(Unicode(), help="Shell lines every job script runs first (e.g. 'module load cuda/12.2').").tag(config=True)
+    epilogue = List(Unicode(), help="Shell lines every job script runs last, whatever the server's end (a clean-up); "
+                    "the script then exits with the server's code.").tag(config=True)
+
+    @validate("extra_directives", "prologue", "epilogue")
+    def _one_line_each(self, proposal):
+        for line in proposal["value"]:
+            if "\n" in line or "\r" in line or "\0" in line:
+                raise ValueError(f"{type(self).__name__}.{proposal['trait'].name}: {line!r} must be one line")
+        return proposal["value"]
+
+    def options(self, req: JobRequest, job_name: str, output: str, workdir: str, comment: str = "") -> list[str]:
+        """The directives built from the request, without the directive prefix; ``comment`` (checked by the caller:
+        letters, digits and ``=._:%/-`` only) marks the job as this hub's."""
+        raise NotImplementedError
 
     def header(self, req: JobRequest, job_name: str, output: str, workdir: str, comment: str = "") -> list[str]:
-        """The script's directives; ``comment`` (checked by the caller: letters, digits and ``=._:%/-`` only) marks
-        the job as this hub's."""
-        raise NotImplementedError
+        """The script's directive lines: the request's, then the site's ``extra_directives``."""
+        return [f"{self.directive} {o}" for o in (*self.options(req, job_name, output, workdir, comment),
+                                                  *self.extra_directives)]
 
     def submit_argv(self, env_names: Sequence[str]) -> list[str]:
         """Submission reading the script on stdin; only the named variables go to the job, with their values taken
@@ -77,12 +111,23 @@ class Scheduler:
         """The ids of every job named ``job_name`` (one per line: nothing a user writes is printed)."""
         raise NotImplementedError
 
-    def parse_job_ids(self, stdout: str) -> list[str]:
+    def parse_job_ids(self, stdout: str, job_name: str = "") -> list[str]:
+        """The ids :meth:`named_jobs_argv` printed (an adapter whose command lists every job filters by
+        ``job_name`` here)."""
         raise NotImplementedError
 
     def comment_argv(self, job_id: str) -> list[str]:
         """One job's comment, alone (checked whole against the mark by the caller)."""
         raise NotImplementedError
+
+    def parse_comment(self, stdout: str) -> str:
+        """The comment in what :meth:`comment_argv` printed."""
+        return stdout
+
+    def accounting_argv(self, job_id: str) -> list[str] | None:
+        """Where a job that :meth:`job_argv` no longer knows is still told of (Grid Engine's ``qacct``), parsed by
+        :meth:`parse_job`; None where the two are one."""
+        return None
 
     def job_forgotten(self, stderr: str) -> bool:
         """Whether a failed :meth:`job_argv` means the scheduler no longer knows the job (rather than that it could
@@ -99,9 +144,10 @@ class Scheduler:
         raise NotImplementedError
 
 
-def load_scheduler(name: str) -> Scheduler:
-    """The adapter registered as ``name`` in the entry point group jupyter_hpcdl.schedulers."""
+def load_scheduler(name: str, parent: Configurable | None = None) -> Scheduler:
+    """The adapter registered as ``name`` in the entry point group jupyter_hpcdl.schedulers, configured from
+    ``parent``'s configuration."""
     found = {ep.name: ep for ep in entry_points(group="jupyter_hpcdl.schedulers")}
     if name not in found:
         raise ValueError(f"no batch-system adapter {name!r}; installed: {', '.join(sorted(found)) or 'none'}")
-    return found[name].load()()
+    return found[name].load()(parent=parent)

@@ -25,6 +25,7 @@ class ScriptContext:
     job_name: str = "jupyterhub-hpcdl"
     singleuser_cmd: Sequence[str] = ("jupyterhub-singleuser",)
     comment: str = ""  # the hub's mark (orphans.JobMark), already encoded to safe characters
+    env_file: str = ""  # where the job finds its secrets, where the scheduler shows a job's environment to all
 
 
 def build_batch_script(req: JobRequest, scheduler: Scheduler, ctx: ScriptContext) -> str:
@@ -33,13 +34,20 @@ def build_batch_script(req: JobRequest, scheduler: Scheduler, ctx: ScriptContext
     if not re.fullmatch(r"[A-Za-z0-9=._:%/-]*", ctx.comment):
         raise ValueError(f"job comment {ctx.comment!r} has characters other than letters, digits and =._:%/-")
     command = [ctx.python, "-m", "jupyter_hpcdl.spawner.jobside", f"--image={req.image_ref}",
-               *([f"--listen-ip={ctx.listen_ip}"] if ctx.listen_ip else []), "--", *ctx.singleuser_cmd]
+               *([f"--listen-ip={ctx.listen_ip}"] if ctx.listen_ip else []),
+               *([f"--env-file={ctx.env_file}"] if ctx.env_file else []), "--", *ctx.singleuser_cmd]
+    run = " ".join(shlex.quote(a) for a in command)
     lines = [
         "#!/bin/bash",
         *scheduler.header(req, ctx.job_name, ctx.output, ctx.workdir, ctx.comment),
         f"# jupyter-hpcdl: JupyterLab on the first node; kernels in the udocker image {req.image_ref}",
         f"# {req.nodes} node(s) x {req.gpus_per_node} GPU(s) for {req.walltime}: {req.gpu_hours:g} GPU-hours",
+        *(["# the site's prologue", *scheduler.prologue] if scheduler.prologue else []),
         "set -eu",
-        "exec " + " ".join(shlex.quote(a) for a in command),
+        f'export HPCDL_JOB_ID="${{{scheduler.job_id_env}:-}}" HPCDL_NODE="${{{scheduler.node_env}:-}}"',
     ]
+    if scheduler.epilogue:  # the server runs as a child, so the site's epilogue runs after it, whatever its end
+        lines += ["code=0", f"{run} || code=$?", "set +e", "# the site's epilogue", *scheduler.epilogue, 'exit "$code"']
+    else:
+        lines.append("exec " + run)
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ class Slurm(Scheduler):
     name = "slurm"
     directive = "#SBATCH"
 
-    def header(self, req: JobRequest, job_name: str, output: str, workdir: str, comment: str = "") -> list[str]:
+    def options(self, req: JobRequest, job_name: str, output: str, workdir: str, comment: str = "") -> list[str]:
         gres = f"gpu:{req.gpu_type}:{req.gpus_per_node}" if req.gpu_type else f"gpu:{req.gpus_per_node}"
         # A server is not a batch job to run again: after a node failure, the hub says so instead of Slurm requeuing it.
         lines = [f"--job-name={job_name}", f"--partition={req.partition}", f"--nodes={req.nodes}",
@@ -37,7 +37,7 @@ class Slurm(Scheduler):
             lines.append(f"--reservation={req.reservation}")
         if comment:
             lines.append(f"--comment={comment}")
-        return [f"{self.directive} {line}" for line in lines]
+        return lines
 
     def submit_argv(self, env_names: Sequence[str]) -> list[str]:
         return ["sbatch", "--parsable", f"--export={','.join(env_names) if env_names else 'NONE'}"]
@@ -79,7 +79,7 @@ class Slurm(Scheduler):
     def named_jobs_argv(self, job_name: str) -> list[str]:
         return ["squeue", "--noheader", "--all", f"--name={job_name}", "--format=%i"]
 
-    def parse_job_ids(self, stdout: str) -> list[str]:
+    def parse_job_ids(self, stdout: str, job_name: str = "") -> list[str]:
         return [line.strip() for line in stdout.splitlines() if _JOB_ID.fullmatch(line.strip())]
 
     def comment_argv(self, job_id: str) -> list[str]:

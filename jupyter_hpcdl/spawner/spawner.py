@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import os
 import pwd
 import sys
@@ -26,6 +27,7 @@ from traitlets import Dict, Float, Instance, Integer, List, Unicode, default, va
 from . import api  # noqa: F401 -- installs the hardened callback routes
 from .api import token_digest
 from .commands import as_user, cancel_as_user, run
+from .envfile import env_file_path
 from .form import render_form
 from .orphans import JobMark, OrphanSweeper, check_hub_tag
 from .options import JobRequest, OptionsError, request_to_options, validate_options
@@ -122,7 +124,7 @@ class HpcdlSpawner(Spawner):
     @property
     def scheduler(self) -> Scheduler:
         if getattr(self, "_scheduler", None) is None or self._scheduler.name != self.profile.scheduler:
-            self._scheduler = load_scheduler(self.profile.scheduler)
+            self._scheduler = load_scheduler(self.profile.scheduler, parent=self)
         return self._scheduler
 
     @property
@@ -137,8 +139,10 @@ class HpcdlSpawner(Spawner):
     def user_home(self) -> str:
         return pwd.getpwnam(self.user.name).pw_dir
 
-    def log_path(self, job_id: str = "%j") -> str:
-        return os.path.join(self.user_home(), ".jupyter-hpcdl", "jobs", f"{job_id}.log")
+    def log_path(self, job_id: str = "") -> str:
+        """The job's log; without ``job_id``, the path with the scheduler's placeholder for it."""
+        return os.path.join(self.user_home(), ".jupyter-hpcdl", "jobs",
+                            f"{job_id or self.scheduler.job_id_placeholder}.log")
 
     def user_profile(self) -> Profile:
         """The site profile as this user sees it: narrowed by the limits for them and their JupyterHub groups."""
@@ -154,7 +158,8 @@ class HpcdlSpawner(Spawner):
         singleuser = os.path.join(os.path.dirname(self.python), self.cmd[0]) if not os.path.isabs(self.cmd[0]) else self.cmd[0]
         return ScriptContext(python=self.python, output=self.log_path(), workdir=self.user_home(), listen_ip=self.listen_ip,
                              job_name=self.job_name, singleuser_cmd=(singleuser, *self.cmd[1:], *self.get_args()),
-                             comment=self.job_mark().comment())
+                             comment=self.job_mark().comment(),
+                             env_file="" if self.scheduler.private_env else env_file_path(self.user_home(), self.name))
 
     def batch_script(self, req: JobRequest) -> str:
         return build_batch_script(req, self.scheduler, self.script_context())
@@ -274,6 +279,13 @@ class HpcdlSpawner(Spawner):
         names = sorted({*JOB_ENV, *(k for k in env if k.startswith("JUPYTERHUB_") or k.startswith("JPY_"))})
         prefix = as_user(self.exec_prefix, self.user.name, names)
         (await run([*prefix, "mkdir", "-p", os.path.dirname(self.log_path())], env=env)).check("creating the log directory")
+        if not self.scheduler.private_env:  # every user could read the job's environment: its secrets go in a file
+            secrets = {k: env[k] for k in names if k not in JOB_ENV}
+            path = env_file_path(home, self.name)
+            (await run([*as_user(self.exec_prefix, self.user.name), sys.executable, "-m", "jupyter_hpcdl.spawner.envfile",
+                        path], input=json.dumps(secrets))).check("writing the job's private environment")
+            names = [n for n in names if n in JOB_ENV]
+            prefix = as_user(self.exec_prefix, self.user.name, names)
         result = (await run([*prefix, *self.scheduler.submit_argv(names)], env=env, input=self.batch_script(req))
                   ).check("submitting the job")
         self.job_id = self.scheduler.parse_submit(result.stdout)
