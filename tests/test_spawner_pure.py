@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from jupyter_hpcdl.spawner.api import parse_callback
 from jupyter_hpcdl.spawner.commands import Result, as_user
+from jupyter_hpcdl.spawner.gridengine import GridEngine
 from jupyter_hpcdl.spawner.orphans import JobMark
 from jupyter_hpcdl.spawner.options import FIELDS, OptionsError, request_to_options, validate_options
 from jupyter_hpcdl.spawner.profile import Image, Partition, Profile, parse_walltime
@@ -91,6 +92,7 @@ def test_script_is_exact_and_carries_no_secret():
 # jupyter-hpcdl: JupyterLab on the first node; kernels in the udocker image hpcdl/base:latest
 # 2 node(s) x 2 GPU(s) for 02:00:00: 8 GPU-hours
 set -eu
+export HPCDL_JOB_ID="${SLURM_JOB_ID:-}" HPCDL_NODE="${SLURMD_NODENAME:-}"
 exec /opt/venv/bin/python -m jupyter_hpcdl.spawner.jobside --image=hpcdl/base:latest --listen-ip=127.0.0.1 -- /opt/venv/bin/jupyterhub-singleuser --debug
 """
     assert "TOKEN" not in script.upper()
@@ -123,6 +125,7 @@ def test_a_partition_without_gpus_takes_none_and_asks_for_no_gres():
 
 
 SAFE = re.compile(r"^#SBATCH --[a-z-]+(=[A-Za-z0-9_.:/%-]+)?$")
+SAFE_SGE = re.compile(r"^#\$ -[A-Za-z]+( [A-Za-z0-9_.:/%$=,-]+)?$")
 
 
 @settings(max_examples=300, deadline=None)
@@ -139,8 +142,11 @@ def test_fuzzed_options_never_reach_the_script_unvalidated(raw):
     for line in script.splitlines()[1:]:
         if line.startswith("#SBATCH"):
             assert SAFE.match(line), line
-    assert script.count("\n") == 14 + bool(req.account) + bool(req.memory_gb) + bool(req.gpus_per_node)
+    assert script.count("\n") == 15 + bool(req.account) + bool(req.memory_gb) + bool(req.gpus_per_node)
     assert shlex.split(script.splitlines()[-1])[0] == "exec"
+    for line in build_batch_script(req, GridEngine(), CTX).splitlines()[1:]:
+        if line.startswith("#$"):
+            assert SAFE_SGE.match(line), line
 
 
 def test_submit_and_cancel_argv_carry_names_not_values():

@@ -1,0 +1,167 @@
+"""Grid Engine's adapter alone, on outputs recorded from Son of Grid Engine 8.1.9 (Debian 12's gridengine-*) on the
+bed (tests/recorded/gridengine/), and the site hooks every adapter shares."""
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_hpcdl.spawner import envfile
+from jupyter_hpcdl.spawner.commands import Result
+from jupyter_hpcdl.spawner.gridengine import GridEngine, phase
+from jupyter_hpcdl.spawner.options import JobRequest
+from jupyter_hpcdl.spawner.orphans import JobMark, is_orphan
+from jupyter_hpcdl.spawner.queue import JobQueue
+from jupyter_hpcdl.spawner.scheduler import ENDED, PENDING, RUNNING
+from jupyter_hpcdl.spawner.script import ScriptContext, build_batch_script
+from jupyter_hpcdl.spawner.slurm import Slurm
+
+REC = Path(__file__).parent / "recorded" / "gridengine"
+REQ = JobRequest("gpu", 1, 2, 90, "base", "hpcdl/base:latest", account="proj1")
+
+
+def rec(name: str) -> str:
+    return (REC / name).read_text()
+
+
+def test_states_become_phases():
+    assert [phase(s) for s in ("qw", "hqw", "hRwq", "r", "t", "Rr", "dr", "s", "St", "Eqw", "dqw")] == \
+        [PENDING, PENDING, PENDING, RUNNING, RUNNING, RUNNING, RUNNING, PENDING, PENDING, ENDED, ENDED]
+
+
+def test_header_asks_one_gpu_per_slot_in_the_single_node_pe():
+    sge = GridEngine()
+    lines = sge.header(REQ, "jupyterhub-hpcdl", "/home/alice/.jupyter-hpcdl/jobs/$JOB_ID.log", "/home/alice",
+                       "jupyterhub-hpcdl:hub:alice:")
+    assert lines == ["#$ -N jupyterhub-hpcdl", "#$ -q gpu", "#$ -o /home/alice/.jupyter-hpcdl/jobs/$JOB_ID.log",
+                     "#$ -j y", "#$ -wd /home/alice", "#$ -r n", "#$ -S /bin/bash", "#$ -pe smp 2",
+                     "#$ -l h_rt=01:30:00,gpu=1", "#$ -A proj1", "#$ -ac hpcdl_mark=jupyterhub-hpcdl:hub:alice:"]
+
+
+def test_header_several_nodes_uses_the_per_node_pe_and_memory_per_slot():
+    sge = GridEngine(pe_multi_node="gpu{gpus_per_node}", extra_directives=["-P ml", "-l scratch=10G"])
+    req = JobRequest("gpu", 2, 4, 60, "base", "x", memory_gb=64, gpu_type="a100", reservation="17")
+    lines = sge.header(req, "n", "/o", "/w")
+    assert "#$ -pe gpu4 8" in lines and "#$ -l h_rt=01:00:00,gpu=1,gpu_type=a100,h_vmem=16384M" in lines
+    assert "#$ -ar 17" in lines and lines[-2:] == ["#$ -P ml", "#$ -l scratch=10G"]
+
+
+def test_site_hooks_are_one_line_each():
+    with pytest.raises(Exception, match="must be one line"):
+        Slurm(prologue=["module load cuda\nrm -rf /"])
+
+
+def test_script_runs_prologue_and_epilogue_and_keeps_the_servers_code(tmp_path):
+    sched = Slurm(prologue=["echo pro >> log"], epilogue=["echo epi >> log"])
+    ctx = ScriptContext(python=sys.executable, output="/o", workdir="/w", singleuser_cmd=("false",))
+    script = build_batch_script(REQ, sched, ctx)
+    # The job's side fails at once here (no hub): the epilogue still runs, and the script exits with its code.
+    script = script.replace(f"{sys.executable} -m jupyter_hpcdl.spawner.jobside", "sh -c 'exit 7'")
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    proc = subprocess.run(["bash", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 7 and (tmp_path / "log").read_text() == "pro\nepi\n"
+
+
+def test_submit_takes_values_from_the_environment_and_prints_the_id():
+    sge = GridEngine()
+    assert sge.submit_argv(["PATH", "HOME"]) == ["qsub", "-terse", "-v", "PATH,HOME"]
+    assert sge.parse_submit("42\n") == "42"
+    with pytest.raises(ValueError, match="no job id"):
+        sge.parse_submit('Your job 42 ("x") has been submitted\n')
+
+
+def test_queue_listing_running_and_pending():
+    jobs = GridEngine().parse_queue(rec("qstat-running-pending.xml"))
+    assert set(jobs) == {"1", "2", "3"}
+    assert (jobs["1"].phase, jobs["1"].state, jobs["1"].batch_host, jobs["1"].user) == (RUNNING, "r", "vm", "alice")
+    assert (jobs["2"].phase, jobs["2"].batch_host) == (PENDING, "")
+
+
+def test_a_name_that_breaks_the_xml_does_not_empty_the_listing():
+    text = rec("qstat-odd-name.xml").replace("x%lt;y&gt;&amp;z", "x<y")  # as if qstat had not escaped it at all
+    jobs = GridEngine().parse_queue(text)
+    assert list(jobs) == ["7"] and jobs["7"].phase == RUNNING
+    with pytest.raises(ValueError, match="does not parse"):
+        GridEngine().parse_queue("<job_info><queue_info>")
+
+
+def test_details_give_the_pending_reason_and_the_error():
+    sge = GridEngine()
+    pending = sge.parse_job(rec("qstat-j-pending.xml"))
+    assert pending.phase == PENDING and "offers only hc:gpu=0.000000" in pending.reason
+    error = sge.parse_job(rec("qstat-j-error.xml"))
+    assert (error.phase, error.state) == (ENDED, "Eqw")
+    assert "can't chdir to /nonexistent/dir" in error.reason
+    assert sge.parse_job(rec("qstat-j-running.xml")).phase == RUNNING
+    assert sge.parse_job("<?xml version='1.0'?>\n<unknown_jobs >\n <ST_name>999</ST_name>\n</unknown_jobs>\n") is None
+
+
+def test_accounting_gives_the_exit_code():
+    info = GridEngine().parse_job(rec("qacct-exit3.txt"))
+    assert (info.job_id, info.phase, info.state, info.exit_code, info.batch_host) == ("4", ENDED, "FAILED", "3", "vm")
+    assert GridEngine().job_forgotten("error: job id 999 not found\n")
+
+
+def test_named_jobs_and_the_mark_are_read_from_xml():
+    sge = GridEngine()
+    assert sge.parse_job_ids(rec("qstat-running-pending.xml"), "jupyterhub-hpcdl") == ["1", "2", "3"]
+    assert sge.parse_job_ids(rec("qstat-running-pending.xml"), "other") == []
+    mark = sge.parse_comment(rec("qstat-j-mark.xml"))
+    assert JobMark.parse(mark) == JobMark("jupyterhub", "alice", "my gpu")
+    job = sge.parse_queue(rec("qstat-odd-name.xml"))["7"]
+    assert is_orphan(job, mark, "jupyterhub") == JobMark("jupyterhub", "alice", "my gpu")
+    assert sge.parse_comment(rec("qstat-j-pending.xml")) == ""  # another context variable is not the mark
+
+
+def test_availability_counts_free_and_used_gpus():
+    avail = GridEngine().parse_availability(rec("qstat-f-r-gpu.xml"))
+    assert avail["gpu"].nodes == 1 and avail["gpu"].idle_nodes == 0
+    assert (avail["gpu"].gpus, avail["gpu"].idle_gpus) == (4, 0)  # one job: 2 slots x gpu=2
+
+
+def test_queue_asks_why_a_job_waits_and_reads_accounting_once_it_is_gone():
+    sge = GridEngine()
+    answers = {"qstat -u * -xml": rec("qstat-running-pending.xml"), "qstat -j 2 -xml": rec("qstat-j-pending.xml"),
+               "qstat -j 4 -xml": "<?xml version='1.0'?>\n<unknown_jobs >\n <ST_name>4</ST_name>\n</unknown_jobs>\n",
+               "qacct -j 4": rec("qacct-exit3.txt")}
+    asked = []
+
+    async def runner(argv, timeout):
+        asked.append(" ".join(argv))
+        return Result(argv, 0, answers[" ".join(argv)], "")
+
+    async def go():
+        queue = JobQueue(sge, interval=60, runner=runner)
+        waiting = await queue.job("2")
+        again = await queue.job("2")
+        gone = await queue.job("4")
+        return waiting, again, gone
+
+    waiting, again, gone = asyncio.run(go())
+    assert "offers only hc:gpu" in waiting.reason and again.reason == waiting.reason
+    assert asked.count("qstat -j 2 -xml") == 1  # once per reading of the queue
+    assert (gone.phase, gone.exit_code) == (ENDED, "3")
+
+
+def test_env_file_is_private_and_read_once(tmp_path):
+    path = str(tmp_path / "jobs" / "env-default.json")
+    proc = subprocess.run([sys.executable, "-m", "jupyter_hpcdl.spawner.envfile", path],
+                          input=json.dumps({"JUPYTERHUB_API_TOKEN": "s3cret"}), text=True, capture_output=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert envfile.load(path) == {"JUPYTERHUB_API_TOKEN": "s3cret"} and not os.path.exists(path)
+
+
+def test_grid_engine_script_passes_secrets_by_file_not_by_environment():
+    sge = GridEngine()
+    assert sge.private_env is False
+    ctx = ScriptContext(python="/p", output="/o/$JOB_ID.log", workdir="/w", env_file="/home/alice/.jupyter-hpcdl/jobs/env-default.json")
+    script = build_batch_script(REQ, sge, ctx)
+    assert "--env-file=/home/alice/.jupyter-hpcdl/jobs/env-default.json" in script
+    assert 'export HPCDL_JOB_ID="${JOB_ID:-}" HPCDL_NODE="${HOSTNAME:-}"' in script
