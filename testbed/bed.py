@@ -2,6 +2,7 @@
 the pids it recorded.  ``python testbed/bed.py up|down|purge|status``  (as root, after testbed/install.sh).
 
 - munge and Slurm (a controller and slurmd ``node1``, ``node2``, each with 4 fake GPUs as generic resources)
+- Son of Grid Engine beside it (qmaster, one execd: this machine with 4 GPUs as a consumable, queue ``gpu``)
 - users alice and bob, who submit their own jobs
 - udocker's tools built from the distribution's packages into a shared directory, and the site's settings
 - a Docker registry on loopback serving the image built here; alice's udocker pulls it and creates her container
@@ -25,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import config  # noqa: E402
+import gridengine  # noqa: E402
 import image  # noqa: E402
 from daemons import Daemon, wait_for  # noqa: E402
 
@@ -214,7 +216,7 @@ def user_image(user: str, identity: dict, name: str = image.IMAGE) -> None:
 
 # -- commands -----------------------------------------------------------------------------------------------------
 def daemons() -> list[Daemon]:
-    return [munge(), *slurm_daemons(), registry(), hub()]
+    return [munge(), *slurm_daemons(), *gridengine.daemons(STATE), registry(), hub()]
 
 
 def up() -> dict:
@@ -234,6 +236,7 @@ def up() -> dict:
         if d.start():
             log(f"{d.name} started (pid {d.pid()})")
     wait_nodes_idle()
+    gridengine.up(STATE, log)
     udocker_tools()
     write_if_changed(SITE_JSON, config.site_json(PREFIX))
     write_if_changed(STATE / "registry/config.yml", config.registry_conf(STATE))
@@ -342,6 +345,8 @@ def cancel_jobs(timeout: float = 60) -> None:
 
 def down() -> None:
     cancel_jobs()
+    if gridengine.daemons(STATE)[0].pid():
+        gridengine.cancel_jobs()
     for d in reversed(daemons()):
         if d.stop():
             log(f"{d.name} stopped")

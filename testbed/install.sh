@@ -18,7 +18,8 @@ log() { printf '[install] %s\n' "$*" >&2; }
 t0=$SECONDS
 
 apt_packages=(slurm-wlm munge sudo openmpi-bin libopenmpi-dev proot runc patchelf libfakechroot mmdebstrap
-  umoci skopeo docker-registry python3-venv python3-dev build-essential ca-certificates nodejs chromium fonts-dejavu-core)
+  umoci skopeo docker-registry python3-venv python3-dev build-essential ca-certificates nodejs chromium fonts-dejavu-core
+  gridengine-master gridengine-exec gridengine-client gridengine-common)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -27,6 +28,11 @@ command -v npm >/dev/null || missing+=(npm)  # Debian's nodejs comes without npm
 if ((${#missing[@]})); then
   log "apt: ${missing[*]}"
   apt-get update -q >/dev/null
+  # Grid Engine's packages set up their cell at install time, from debconf: this host is the master.
+  for p in common master client exec; do
+    printf 'gridengine-%s shared/gridengineconfig boolean true\ngridengine-%s shared/gridenginecell string default\ngridengine-%s shared/gridenginemaster string %s\n' \
+      "$p" "$p" "$p" "$(hostname)"
+  done | debconf-set-selections
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 

@@ -1,0 +1,191 @@
+"""Son of Grid Engine on the bed, beside Slurm: Debian's qmaster and one execd (this machine, under its own name)
+with GPUs as a consumable, parallel environments and a ``gpu`` queue. The daemons run in the foreground
+(``SGE_ND``), so the bed records their pids itself; the configuration is applied with ``qconf`` from files, and only
+what differs is changed (a second ``up`` changes nothing). See ../shared/notes/gridengine.md for what was measured."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import config
+from daemons import Daemon, wait_for
+
+ROOT = Path("/var/lib/gridengine")
+CELL = "default"
+SPOOL = Path("/var/spool/gridengine")
+ENV = {"SGE_ROOT": str(ROOT), "SGE_CELL": CELL, "SGE_ND": "1"}
+QUEUE = config.PARTITION  # the same name as Slurm's partition, so a site profile carries over unchanged
+PES = {"smp": "$pe_slots", **{f"mpi-{n}": str(n) for n in range(1, config.GPUS_PER_NODE + 1)}}
+
+
+def installed() -> bool:
+    return Path("/usr/sbin/sge_qmaster").exists() and (ROOT / CELL / "common/bootstrap").exists()
+
+
+def qconf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL, "EDITOR": "false"}
+    proc = subprocess.run(["qconf", *args], text=True, capture_output=True, env=env, timeout=60)
+    if check and proc.returncode:
+        raise RuntimeError(f"qconf {' '.join(args)} failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+def answers() -> bool:
+    try:
+        return qconf("-sh", check=False).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def daemons(state: Path) -> list[Daemon]:
+    qmaster = Daemon("sge_qmaster", ["/usr/sbin/sge_qmaster"], pidfile=state / "run/sge_qmaster.pid",
+                     log=state / "log/sge_qmaster.out", env=ENV, ready=answers)
+    execd = Daemon("sge_execd", ["/usr/sbin/sge_execd"], pidfile=state / "run/sge_execd.pid",
+                   log=state / "log/sge_execd.out", env=ENV, ready=lambda: host_up(socket.gethostname()))
+    return [qmaster, execd]
+
+
+def host_up(host: str) -> bool:
+    out = subprocess.run(["qhost", "-h", host], text=True, capture_output=True, timeout=30,
+                         env={**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL}).stdout
+    return any(line.split()[:1] == [host] and line.split()[3:4] != ["-"] for line in out.splitlines())
+
+
+def prepare() -> None:
+    """What must be in place before the qmaster starts: clients on loopback are this host, not "localhost"."""
+    write(ROOT / CELL / "common/host_aliases", f"{socket.gethostname()} localhost\n")
+
+
+def write(path: Path, text: str) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
+
+
+def _from_file(option: str, text: str) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".sge", delete=False) as f:
+        f.write(text)
+    try:
+        qconf(option, f.name)
+    finally:
+        os.unlink(f.name)
+
+
+def _apply(add: str, modify: str, text: str, current: str | None) -> bool:
+    """Add or modify one object from ``text`` unless it already reads so; return whether it changed."""
+    if current is not None and _same(current, text):
+        return False
+    _from_file(add if current is None else modify, text)
+    return True
+
+
+def _same(current: str, wanted: str) -> bool:
+    have = _attrs(current)
+    return all(have.get(k) == v for k, v in _attrs(wanted).items())
+
+
+def _attrs(text: str) -> dict[str, str]:
+    joined = text.replace("\\\n", " ")
+    return {line.split(None, 1)[0]: " ".join(line.split()[1:]) for line in joined.splitlines() if line.strip()}
+
+
+def _show(*args: str) -> str | None:
+    proc = qconf(*args, check=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def configure() -> bool:
+    """This host as admin, submit and execution host with its GPUs; the GPU complex, the PEs and the queue; a
+    1-second scheduling interval and accounting written at once. Returns whether anything changed (the execd then
+    restarts: a running one keeps the old configuration and its queue goes into error)."""
+    host = socket.gethostname()
+    changed = False
+    if host not in qconf("-ss", check=False).stdout.split():
+        qconf("-as", host)
+    complexes = qconf("-sc").stdout
+    if not any(line.split()[:1] == ["gpu"] for line in complexes.splitlines()):
+        _from_file("-Mc", complexes + "gpu gpu INT <= YES YES 0 0\n")
+        changed = True
+    exechost = (f"hostname {host}\nload_scaling NONE\ncomplex_values gpu={config.GPUS_PER_NODE}\nuser_lists NONE\n"
+                "xuser_lists NONE\nprojects NONE\nxprojects NONE\nusage_scaling NONE\nreport_variables NONE\n")
+    changed |= _apply("-Ae", "-Me", exechost, _show("-se", host))
+    changed |= _apply("-Ahgrp", "-Mhgrp", f"group_name @allhosts\nhostlist {host}\n",
+                      _show("-shgrp", "@allhosts"))
+    for pe, rule in PES.items():
+        text = (f"pe_name {pe}\nslots 9999\nuser_lists NONE\nxuser_lists NONE\nstart_proc_args NONE\n"
+                f"stop_proc_args NONE\nallocation_rule {rule}\ncontrol_slaves TRUE\njob_is_first_task FALSE\n"
+                "urgency_slots min\naccounting_summary FALSE\nqsort_args NONE\n")
+        changed |= _apply("-Ap", "-Mp", text, _show("-sp", pe))
+    queue = _show("-sq", QUEUE)
+    template = queue if queue is not None else qconf("-sq").stdout
+    wanted = {"qname": QUEUE, "hostlist": "@allhosts", "load_thresholds": "NONE", "pe_list": " ".join(PES),
+              "slots": str(config.GPUS_PER_NODE), "shell": "/bin/bash", "shell_start_mode": "unix_behavior"}
+    text = "".join(f"{k} {wanted.get(k, v)}\n" for k, v in _attrs(template).items())
+    changed |= _apply("-Aq", "-Mq", text, queue)
+    sconf = qconf("-ssconf").stdout
+    if _attrs(sconf).get("schedule_interval") != "0:0:1":
+        _from_file("-Msconf", "".join(f"{k} {'0:0:1' if k == 'schedule_interval' else v}\n"
+                                      for k, v in _attrs(sconf).items()))
+    gconf = _attrs(qconf("-sconf").stdout).get("reporting_params", "")
+    if "accounting_flush_time=00:00:00" not in gconf:
+        script = ("#!/bin/sh\nt=$(sed -e 's/flush_time=[0-9:]*/flush_time=00:00:01/' "
+                  "-e 's/joblog=/accounting_flush_time=00:00:00 joblog=/' \"$1\"); printf '%s\\n' \"$t\" > \"$1\"\n")
+        with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
+            f.write(script)
+        os.chmod(f.name, 0o755)
+        try:
+            env = {**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL, "EDITOR": f.name}
+            subprocess.run(["qconf", "-mconf", "global"], env=env, capture_output=True, timeout=60, check=True)
+        finally:
+            os.unlink(f.name)
+        changed = True
+    return changed
+
+
+def up(state: Path, log) -> None:
+    """Start, configure, and restart the execd where the configuration changed; wait for the queue."""
+    if not installed():
+        raise RuntimeError("Son of Grid Engine is not installed: run testbed/install.sh")
+    prepare()
+    qmaster, execd = daemons(state)
+    if qmaster.start():
+        log(f"sge_qmaster started (pid {qmaster.pid()})")
+    if configure() and execd.stop():
+        log("sge_execd restarted: configuration changed")
+    if execd.start():
+        log(f"sge_execd started (pid {execd.pid()})")
+    host = socket.gethostname()
+    wait_for(lambda: _queue_ok(host), 60, f"Grid Engine queue {QUEUE}@{host}")
+
+
+def _queue_ok(host: str) -> bool:
+    env = {**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL}
+    out = subprocess.run(["qstat", "-f", "-q", f"{QUEUE}@{host}"], text=True, capture_output=True, env=env,
+                         timeout=30).stdout
+    for line in out.splitlines():
+        if line.startswith(f"{QUEUE}@"):
+            fields = line.split()
+            if len(fields) > 5:  # a state column: u(nknown), E(rror), d(isabled)...
+                subprocess.run(["qmod", "-c", f"{QUEUE}@{host}"], env=env, capture_output=True, timeout=30)
+                subprocess.run(["qmod", "-e", f"{QUEUE}@{host}"], env=env, capture_output=True, timeout=30)
+                return False
+            return True
+    return False
+
+
+def cancel_jobs(timeout: float = 60) -> None:
+    """Delete every job (as the manager) and wait until none is left."""
+    env = {**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL}
+
+    def none_left() -> bool:
+        out = subprocess.run(["qstat", "-u", "*"], text=True, capture_output=True, env=env, timeout=30)
+        return out.returncode == 0 and not out.stdout.strip()
+
+    if none_left():
+        return
+    subprocess.run(["qdel", "-f", "-u", "*"], env=env, capture_output=True, timeout=60)
+    wait_for(none_left, timeout, "Grid Engine jobs to end")

@@ -1,0 +1,121 @@
+"""Grid Engine's adapter against the real Son of Grid Engine of the bed, as alice: the same queue, the same parsers
+and the same mark that the spawner uses."""
+import asyncio
+import socket
+import time
+
+import pytest
+
+from jupyter_hpcdl.spawner.commands import run
+from jupyter_hpcdl.spawner.gridengine import GridEngine
+from jupyter_hpcdl.spawner.options import JobRequest
+from jupyter_hpcdl.spawner.orphans import JobMark
+from jupyter_hpcdl.spawner.queue import JobQueue
+from jupyter_hpcdl.spawner.scheduler import ENDED, PENDING, RUNNING
+
+pytestmark = pytest.mark.testbed
+SGE = GridEngine()
+NAME = "hpcdl-sge-test"
+
+
+async def as_alice(argv, timeout=30, input=None):
+    return await run(["runuser", "-u", "alice", "--", *argv], timeout=timeout, input=input)
+
+
+def script(alice, gpus: int, body: str, workdir: str = "", comment: str = "") -> str:
+    req = JobRequest("gpu", 1, gpus, 10, "base", "hpcdl/base:latest")
+    header = SGE.header(req, NAME, f"{alice.home}/sge-$JOB_ID.log", workdir or alice.home, comment)
+    return "\n".join(["#!/bin/bash", *header, body]) + "\n"
+
+
+async def submit(alice, text: str) -> str:
+    result = (await as_alice(SGE.submit_argv(["PATH"]), input=text)).check("qsub")
+    return SGE.parse_submit(result.stdout)
+
+
+async def wait_phase(queue: JobQueue, job_id: str, phases: set, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await queue.job(job_id, max_age=0.5)
+        if info is not None and info.phase in phases:
+            return info
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} not {phases} after {timeout} s: {info}")
+        await asyncio.sleep(0.5)
+
+
+@pytest.fixture
+def queue(alice):
+    q = JobQueue(SGE, interval=0.5, runner=as_alice, timeout=30)
+    yield q
+    asyncio.run(as_alice(["qdel", "-u", "alice"]))
+
+
+def test_a_job_runs_with_its_gpus_and_carries_the_hubs_mark(alice, queue):
+    mark = JobMark("testhub", "alice", "sge run")
+
+    async def go():
+        job_id = await submit(alice, script(alice, 2, 'echo "slots=$NSLOTS"; sleep 120', comment=mark.comment()))
+        info = await wait_phase(queue, job_id, {RUNNING})
+        comment = await as_alice(SGE.comment_argv(job_id))
+        named = await as_alice(SGE.named_jobs_argv(NAME))
+        avail = await as_alice(SGE.availability_argv())
+        await as_alice(SGE.cancel_argv(job_id))
+        gone = await wait_phase(queue, job_id, {ENDED})
+        return job_id, info, comment, named, avail, gone
+
+    job_id, info, comment, named, avail, gone = asyncio.run(go())
+    assert (info.batch_host, info.user) == (socket.gethostname(), "alice")
+    assert JobMark.parse(SGE.parse_comment(comment.stdout)) == mark
+    assert job_id in SGE.parse_job_ids(named.stdout, NAME)
+    gpu = SGE.parse_availability(avail.stdout)["gpu"]
+    assert (gpu.gpus, gpu.idle_gpus) == (4, 2)
+    assert gone.phase == ENDED and gone.exit_code != "0"  # deleted while running: killed
+
+
+def test_the_exit_code_comes_from_the_accounting(alice, queue):
+    async def go():
+        job_id = await submit(alice, script(alice, 0, "exit 3"))
+        return await wait_phase(queue, job_id, {ENDED})
+
+    info = asyncio.run(go())
+    assert (info.state, info.exit_code, info.batch_host) == ("FAILED", "3", socket.gethostname())
+
+
+def test_a_job_in_error_is_a_failure_with_its_reason_not_pending(alice, queue):
+    async def go():
+        job_id = await submit(alice, script(alice, 1, "true", workdir="/nonexistent/hpcdl"))
+        return await wait_phase(queue, job_id, {ENDED})
+
+    info = asyncio.run(go())
+    assert info.state == "Eqw" and "can't chdir to /nonexistent/hpcdl" in info.reason
+
+
+def test_a_waiting_job_says_why(alice, queue):
+    async def go():
+        first = await submit(alice, script(alice, 4, "sleep 120"))
+        await wait_phase(queue, first, {RUNNING})
+        second = await submit(alice, script(alice, 1, "sleep 1"))
+        deadline = time.monotonic() + 20  # the reason comes with the first scheduling run that passes it over
+        while True:
+            info = await wait_phase(queue, second, {PENDING})
+            if info.reason or time.monotonic() > deadline:
+                return info
+            await asyncio.sleep(0.5)
+
+    info = asyncio.run(go())
+    assert "full" in info.reason or "gpu" in info.reason, info  # four slots, four GPUs: both are taken
+
+
+def test_a_jobs_environment_is_shown_to_other_users(alice, bob):
+    """Why Grid Engine's jobs get their secrets by file (GridEngine.private_env): qstat -j shows -v values to all."""
+    async def go():
+        result = await run(["runuser", "-u", "alice", "--", "env", "HPCDL_PROBE=visible-to-bob", *SGE.submit_argv(["HPCDL_PROBE"])],
+                           input=script(alice, 0, "sleep 30"), timeout=30)
+        job_id = SGE.parse_submit(result.check("qsub").stdout)
+        seen = await run(["runuser", "-u", "bob", "--", "qstat", "-j", job_id], timeout=30)
+        await as_alice(["qdel", job_id])
+        return seen
+
+    assert "visible-to-bob" in asyncio.run(go()).stdout
+    assert SGE.private_env is False
