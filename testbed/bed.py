@@ -6,7 +6,7 @@ the pids it recorded.  ``python testbed/bed.py up|down|purge|status``  (as root,
 - users alice and bob, who submit their own jobs
 - udocker's tools built from the distribution's packages into a shared directory, and the site's settings
 - a Docker registry on loopback serving the image built here; alice's udocker pulls it and creates her container
-- JupyterHub with configurable-http-proxy on 127.0.0.1
+- JupyterHub with configurable-http-proxy on 127.0.0.1, and a second hub for the same site on Grid Engine
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pwd
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -158,23 +159,32 @@ def registry() -> Daemon:
                   log=STATE / "log/registry.log", ready=lambda: http_ok(f"http://{config.REGISTRY}/v2/"))
 
 
-def hub() -> Daemon:
-    return Daemon("jupyterhub", [str(VENV / "bin/jupyterhub"), "-f", str(STATE / "hub/jupyterhub_config.py")],
-                  pidfile=STATE / "run/jupyterhub.pid", log=STATE / "log/jupyterhub.log", cwd=str(STATE / "hub"),
+def hub(place: config.HubPlace = config.HUB) -> Daemon:
+    name = "jupyterhub" if place is config.HUB else f"jupyterhub-{place.scheduler}"
+    return Daemon(name, [str(VENV / "bin/jupyterhub"), "-f", str(STATE / place.dirname / "jupyterhub_config.py")],
+                  pidfile=STATE / f"run/{name}.pid", log=STATE / f"log/{name}.log", cwd=str(STATE / place.dirname),
                   env={"PATH": f"{VENV}/bin:{PREFIX}/node/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-                  ready=lambda: http_ok(f"http://127.0.0.1:{config.HUB_PORT}/hub/api/"), ready_timeout=90)
+                  ready=lambda: http_ok(f"http://127.0.0.1:{place.port}/hub/api/"), ready_timeout=90)
 
 
-def prepare_hub() -> bool:
-    """Write the hub's configuration; return whether it changed (a running hub then restarts)."""
-    d = STATE / "hub"
+def hubs() -> list[config.HubPlace]:
+    return [config.HUB, config.SGE_HUB]
+
+
+def prepare_hub(place: config.HubPlace = config.HUB) -> bool:
+    """Write a hub's configuration; return whether it changed (a running hub then restarts)."""
+    d = STATE / place.dirname
     d.mkdir(parents=True, exist_ok=True)
     d.chmod(0o700)
     for name in ("service_token", "password"):
         if not (d / name).exists():
             write_if_changed(d / name, secrets.token_hex(16) + "\n", 0o600)
     password = (d / "password").read_text().strip()
-    return write_if_changed(d / "jupyterhub_config.py", config.hub_config(STATE, PREFIX, list(USERS), password, list(WORKSHOP_USERS)), 0o600)
+    if place is config.HUB:
+        text = config.hub_config(STATE, PREFIX, list(USERS), password, list(WORKSHOP_USERS))
+    else:
+        text = config.sge_hub_config(STATE, PREFIX, list(USERS), password, socket.gethostname())
+    return write_if_changed(d / "jupyterhub_config.py", text, 0o600)
 
 
 def udocker_tools() -> None:
@@ -216,7 +226,7 @@ def user_image(user: str, identity: dict, name: str = image.IMAGE) -> None:
 
 # -- commands -----------------------------------------------------------------------------------------------------
 def daemons() -> list[Daemon]:
-    return [munge(), *slurm_daemons(), *gridengine.daemons(STATE), registry(), hub()]
+    return [munge(), *slurm_daemons(), *gridengine.daemons(STATE), registry(), *(hub(p) for p in hubs())]
 
 
 def up() -> dict:
@@ -247,12 +257,13 @@ def up() -> dict:
         user_image(user, identity)
     with ThreadPoolExecutor(4) as pool:  # the attendees' small images, a few at a time
         list(pool.map(lambda user: user_image(user, identity, image.OS_IMAGE), WORKSHOP_USERS))
-    changed = prepare_hub()
-    changed |= write_if_changed(STATE / "hub/package.json", json.dumps(identity) + "\n")  # the hub runs this code
-    if changed and hub().stop():
-        log("jupyterhub restarted: configuration or package changed")
-    if hub().start():
-        log("jupyterhub started")
+    for place in hubs():
+        changed = prepare_hub(place)
+        changed |= write_if_changed(STATE / place.dirname / "package.json", json.dumps(identity) + "\n")  # its code
+        if changed and hub(place).stop():
+            log(f"{hub(place).name} restarted: configuration or package changed")
+        if hub(place).start():
+            log(f"{hub(place).name} started")
     info = describe(identity)
     write_if_changed(STATE / "bed.json", json.dumps(info, indent=2) + "\n", 0o600)
     log(f"up in {time.monotonic() - t0:.0f} s")
@@ -270,6 +281,8 @@ def describe(identity: dict | None = None) -> dict:
         "os_archive": str(CACHE / "image/os-oci.tar"),
         "registry": f"http://{config.REGISTRY}", "site_config": str(SITE_JSON),
         "hub_url": f"http://127.0.0.1:{config.HUB_PORT}", "hub_dir": str(STATE / "hub"),
+        "sge_hub_url": f"http://127.0.0.1:{config.SGE_HUB_PORT}", "sge_hub_dir": str(STATE / config.SGE_HUB.dirname),
+        "sge_host": socket.gethostname(), "sge_queue": gridengine.QUEUE,
     }
 
 

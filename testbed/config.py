@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 NODES = {"node1": 16821, "node2": 16822}
@@ -9,6 +10,7 @@ GPUS_PER_NODE = 4
 CTLD_PORT = 16817
 REGISTRY = "127.0.0.1:5000"
 HUB_PORT = 8000
+SGE_HUB_PORT = 8100  # a second hub for the same site on Son of Grid Engine
 WORKSHOP_PORT = 8092  # the instructor's page (a hub-managed service on loopback)
 WORKSHOP_GROUP = "workshop"
 PARTITION = "gpu"
@@ -86,20 +88,50 @@ def site_json(prefix: Path) -> str:
 
 
 def hub_config(state: Path, prefix: Path, users: list[str], password: str, workshop_users: list[str] = ()) -> str:
-    nodes = {n: "127.0.0.1" for n in NODES}
+    return _hub_config(state, prefix, users, password, workshop_users, HUB, list(NODES))
+
+
+def sge_hub_config(state: Path, prefix: Path, users: list[str], password: str, host: str) -> str:
+    """The same site on Son of Grid Engine (its one execution host: ``host``): only the scheduler, the nodes and
+    the hub's own ports and files differ."""
+    return _hub_config(state, prefix, users, password, (), SGE_HUB, [host])
+
+
+@dataclass(frozen=True)
+class HubPlace:
+    """Where one of the bed's hubs lives: its directory under the state, its ports, its batch system."""
+
+    dirname: str
+    port: int
+    internal_port: int
+    proxy_api_port: int
+    scheduler: str
+
+
+HUB = HubPlace("hub", HUB_PORT, 8081, 8001, "slurm")
+SGE_HUB = HubPlace("hub-sge", SGE_HUB_PORT, 8181, 8101, "gridengine")
+
+
+def _hub_config(state: Path, prefix: Path, users: list[str], password: str, workshop_users, place: HubPlace,
+                node_names: list[str]) -> str:
+    nodes = {n: "127.0.0.1" for n in node_names}
+    d = state / place.dirname
     return f"""# jupyter-hpcdl test bed hub: on loopback only, with configurable-http-proxy.
 c = get_config()  # noqa
 c.JupyterHub.ip = "127.0.0.1"
-c.JupyterHub.port = {HUB_PORT}
+c.JupyterHub.port = {place.port}
 c.JupyterHub.hub_ip = "127.0.0.1"
-c.JupyterHub.db_url = "sqlite:///{state}/hub/jupyterhub.sqlite"
-c.JupyterHub.cookie_secret_file = "{state}/hub/cookie_secret"
+c.JupyterHub.hub_port = {place.internal_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{place.proxy_api_port}"
+c.JupyterHub.db_url = "sqlite:///{d}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{d}/cookie_secret"
 c.ConfigurableHTTPProxy.command = ["{prefix}/node/bin/configurable-http-proxy"]
-c.ConfigurableHTTPProxy.pid_file = "{state}/run/proxy.pid"
+c.ConfigurableHTTPProxy.pid_file = "{state}/run/proxy{'' if place is HUB else '-' + place.scheduler}.pid"
+c.SiteProfile.scheduler = "{place.scheduler}"
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = {password!r}
 c.Authenticator.allowed_users = set({users!r})
-# The spawner: JupyterLab as a Slurm job on the GPU nodes, kernels in the user's udocker container.
+# The spawner: JupyterLab as a batch job on the GPU nodes, kernels in the user's udocker container.
 c.JupyterHub.spawner_class = "hpcdl"
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # straight to the progress page: jobs queue
@@ -130,16 +162,17 @@ c.SiteProfile.limits = {{"group:{WORKSHOP_GROUP}": {{"partitions": ["{CPU_PARTIT
 # A service whose token drives the REST API in tests (the token is in a root-only file), and the instructor's page
 # (bob is the instructor: the role gives him access to that service, nothing else).
 c.JupyterHub.services = [
-    {{"name": "testbed", "api_token": open("{state}/hub/service_token").read().strip()}},
-    {{"name": "hpcdl-workshop", "url": "http://127.0.0.1:{WORKSHOP_PORT}", "oauth_no_confirm": True,
+    {{"name": "testbed", "api_token": open("{d}/service_token").read().strip()}},
+""" + (f"""    {{"name": "hpcdl-workshop", "url": "http://127.0.0.1:{WORKSHOP_PORT}", "oauth_no_confirm": True,
       "command": ["{prefix}/venv/bin/python", "-m", "jupyter_hpcdl.workshop.service", "--group", "{WORKSHOP_GROUP}",
-                  "--hub-url", "http://127.0.0.1:{HUB_PORT}"]}}]
+                  "--hub-url", "http://127.0.0.1:{place.port}"]}},
+""" if workshop_users else "") + """]
 c.JupyterHub.load_roles = [
-    {{"name": "testbed", "services": ["testbed"],
-      "scopes": ["admin:users", "admin:servers", "admin:groups", "access:servers", "read:users", "tokens"]}},
-    {{"name": "hpcdl-workshop", "services": ["hpcdl-workshop"],
+    {"name": "testbed", "services": ["testbed"],
+      "scopes": ["admin:users", "admin:servers", "admin:groups", "access:servers", "read:users", "tokens"]},
+""" + (f"""    {{"name": "hpcdl-workshop", "services": ["hpcdl-workshop"],
       # single-user servers do not resolve !group= filters (JupyterHub's documented limit): the attendees by name
       "scopes": ["read:groups", "list:users", "read:users", "read:servers",
                  *[f"access:servers!user={{u}}" for u in {list(workshop_users)!r}]]}},
-    {{"name": "instructor", "users": ["bob"], "scopes": ["access:services!service=hpcdl-workshop"]}}]
-"""
+    {{"name": "instructor", "users": ["bob"], "scopes": ["access:services!service=hpcdl-workshop"]}},
+""" if workshop_users else "") + "]\n"

@@ -1,5 +1,5 @@
 """Son of Grid Engine on the bed, beside Slurm: Debian's qmaster and one execd (this machine, under its own name)
-with GPUs as a consumable, parallel environments and a ``gpu`` queue. The daemons run in the foreground
+with GPUs as a consumable, parallel environments and the queues ``gpu`` and ``cpu`` (Slurm's partitions). The daemons run in the foreground
 (``SGE_ND``), so the bed records their pids itself; the configuration is applied with ``qconf`` from files, and only
 what differs is changed (a second ``up`` changes nothing). See ../shared/notes/gridengine.md for what was measured."""
 from __future__ import annotations
@@ -17,7 +17,8 @@ ROOT = Path("/var/lib/gridengine")
 CELL = "default"
 SPOOL = Path("/var/spool/gridengine")
 ENV = {"SGE_ROOT": str(ROOT), "SGE_CELL": CELL, "SGE_ND": "1"}
-QUEUE = config.PARTITION  # the same name as Slurm's partition, so a site profile carries over unchanged
+QUEUE = config.PARTITION  # the same names as Slurm's partitions, so the site profile carries over unchanged
+QUEUES = (config.PARTITION, config.CPU_PARTITION)
 PES = {"smp": "$pe_slots", **{f"mpi-{n}": str(n) for n in range(1, config.GPUS_PER_NODE + 1)}}
 
 
@@ -120,12 +121,13 @@ def configure() -> bool:
                 f"stop_proc_args NONE\nallocation_rule {rule}\ncontrol_slaves TRUE\njob_is_first_task FALSE\n"
                 "urgency_slots min\naccounting_summary FALSE\nqsort_args NONE\n")
         changed |= _apply("-Ap", "-Mp", text, _show("-sp", pe))
-    queue = _show("-sq", QUEUE)
-    template = queue if queue is not None else qconf("-sq").stdout
-    wanted = {"qname": QUEUE, "hostlist": "@allhosts", "load_thresholds": "NONE", "pe_list": " ".join(PES),
-              "slots": str(config.GPUS_PER_NODE), "shell": "/bin/bash", "shell_start_mode": "unix_behavior"}
-    text = "".join(f"{k} {wanted.get(k, v)}\n" for k, v in _attrs(template).items())
-    changed |= _apply("-Aq", "-Mq", text, queue)
+    for name in QUEUES:
+        queue = _show("-sq", name)
+        template = queue if queue is not None else qconf("-sq").stdout
+        wanted = {"qname": name, "hostlist": "@allhosts", "load_thresholds": "NONE", "pe_list": " ".join(PES),
+                  "slots": str(config.GPUS_PER_NODE), "shell": "/bin/bash", "shell_start_mode": "unix_behavior"}
+        text = "".join(f"{k} {wanted.get(k, v)}\n" for k, v in _attrs(template).items())
+        changed |= _apply("-Aq", "-Mq", text, queue)
     sconf = qconf("-ssconf").stdout
     if _attrs(sconf).get("schedule_interval") != "0:0:1":
         _from_file("-Msconf", "".join(f"{k} {'0:0:1' if k == 'schedule_interval' else v}\n"

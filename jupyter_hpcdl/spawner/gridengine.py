@@ -26,6 +26,8 @@ from .options import JobRequest
 from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler
 
 _JOB_ID = re.compile(r"\d+")
+#: What qstat -j says before the scheduler has passed over a job: no reason yet.
+_NO_REASON = {"There are no messages available"}
 #: The context variable that holds the hub's mark (``qsub -ac``; read back alone with ``qstat -j``).
 MARK_VARIABLE = "hpcdl_mark"
 
@@ -160,7 +162,8 @@ class GridEngine(Scheduler):
                and (m.find("MES_job_number_list") is None or job_id in {v.text for v in m.iter("ULNG_value")})]
         running = any(_text(t, "JAT_status") == "128" for t in job.iter("ulong_sublist"))
         return JobInfo(job_id, RUNNING if running else PENDING, "r" if running else "qw",
-                       "" if running else "; ".join(w for w in why if w), user=_text(job, "JB_owner"))
+                       "" if running else "; ".join(w for w in why if w and w not in _NO_REASON),
+                       user=_text(job, "JB_owner"))
 
     def _parse_accounting(self, stdout: str) -> JobInfo | None:
         records = [r for r in stdout.split("=" * 62) if "jobnumber" in r]

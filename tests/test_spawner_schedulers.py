@@ -1,0 +1,139 @@
+"""The same spawner tests against both real batch systems of the bed: one site, two hubs that differ only in
+``c.SiteProfile.scheduler`` (Slurm on :8000, Son of Grid Engine on :8100). Jobs are read through the adapter, so
+nothing here names a scheduler's command."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hubclient import Hub
+from jupyter_hpcdl.spawner.commands import run
+from jupyter_hpcdl.spawner.options import JobRequest
+from jupyter_hpcdl.spawner.scheduler import ENDED, Scheduler, load_scheduler
+from test_spawner_hub import KERNEL_REPORT, _server_token, _Session, progress_messages, spawn
+
+pytestmark = pytest.mark.testbed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
+import bed as testbed  # noqa: E402
+import config as bedconfig  # noqa: E402
+
+
+@dataclass
+class Site:
+    name: str
+    hub: Hub
+    sched: Scheduler
+    place: bedconfig.HubPlace
+    nodes: int  # in the gpu partition
+    gpus: int  # in all
+    hub_dir: str
+
+    def jobs(self, user: str) -> dict[str, str]:
+        """The user's jobs that have not ended: id → the scheduler's state."""
+        out = asyncio.run(run(self.sched.queue_argv(), timeout=30)).check("reading the queue").stdout
+        return {j.job_id: j.state for j in self.sched.parse_queue(out).values() if j.user == user and j.phase != ENDED}
+
+    def cancel_all(self, user: str) -> None:
+        for job_id in self.jobs(user):
+            asyncio.run(run(["runuser", "-u", user, "--", *self.sched.cancel_argv(job_id)], timeout=30))
+
+    def session(self, user: str) -> _Session:
+        s = _Session(self.hub.url)
+        s.get("/hub/login")
+        password = (Path(self.hub_dir) / "password").read_text().strip()
+        assert s.post("/hub/login", {"username": user, "password": password})[0] == 200
+        return s
+
+
+@pytest.fixture(scope="module", params=["slurm", "gridengine"])
+def site(request, bed):
+    if request.param == "slurm":
+        s = Site("slurm", Hub(bed), load_scheduler("slurm"), bedconfig.HUB, len(bed["nodes"]),
+                 len(bed["nodes"]) * bed["gpus_per_node"], bed["hub_dir"])
+    else:
+        s = Site("gridengine", Hub({"hub_url": bed["sge_hub_url"], "hub_dir": bed["sge_hub_dir"]}),
+                 load_scheduler("gridengine"), bedconfig.SGE_HUB, 1, bed["gpus_per_node"], bed["sge_hub_dir"])
+    for user in ("alice", "bob"):
+        s.hub.api("POST", f"/hub/api/users/{user}")  # 201, or 409 when the user is known already
+    return s
+
+
+@pytest.fixture
+def clean(site):
+    yield
+    for user in ("alice", "bob"):
+        for name in list(site.hub.api("GET", f"/hub/api/users/{user}")[1]["servers"]):
+            status, _ = site.hub.api("DELETE", f"/hub/api/users/{user}/server" + (f"s/{name}" if name else ""))
+            if status >= 500:
+                site.cancel_all(user)
+            site.hub.wait_gone(user, name=name, timeout=240)
+        site.cancel_all(user)
+    deadline = time.monotonic() + 60
+    while (site.jobs("alice") or site.jobs("bob")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not site.jobs("alice") and not site.jobs("bob")
+
+
+def blocker(site: Site, user) -> str:
+    """A job of ``user``'s that holds every GPU of the gpu partition."""
+    req = JobRequest("gpu", site.nodes, site.gpus // site.nodes, 10, "base", "hpcdl/base:latest")
+    script = "\n".join(["#!/bin/bash", *site.sched.header(req, "blocker", "/dev/null", user.home), "sleep 600"]) + "\n"
+    out = user.run(*site.sched.submit_argv([]), input=script, check=True).stdout
+    return site.sched.parse_submit(out)
+
+
+def test_spawn_runs_lab_with_kernels_in_the_container_and_keeps_the_token_private(bed, site, alice, bob, clean):
+    status, body = spawn(site.hub, "alice", {"nodes": 1, "gpus_per_node": 1, "walltime": "00:20:00", "image": "base"})
+    assert status in (201, 202), body
+    site.hub.wait_ready("alice")
+    (job_id, state), = site.jobs("alice").items()
+    report = json.loads(site.hub.run_in_kernel("alice", KERNEL_REPORT))
+    assert report["image"] == bed["identity"] and report["uid"] == 1001, "the kernel is not in alice's container"
+    # What every other user can read of the job (its details, its environment where the scheduler shows it).
+    details = bob.run(*site.sched.job_argv(job_id)).stdout
+    token = _server_token("alice")
+    assert token and token not in details
+    assert not list(Path(alice.home, ".jupyter-hpcdl/jobs").glob("env-*.json")), "the job's secrets were left behind"
+    site.hub.stop("alice")
+    assert site.jobs("alice") == {}
+
+
+def test_a_queued_spawn_says_why_and_stop_cancels_it(site, bob, clean):
+    held = blocker(site, bob)
+    status, _ = spawn(site.hub, "alice", {"nodes": 1, "gpus_per_node": 1, "walltime": "00:10:00"}, name="q")
+    assert status == 202
+    # The reason comes with the scheduler's first pass over the job: wait for it.
+    messages = progress_messages(site.hub, "alice", "q", until=r"queued \(\w+, reason: (Resources|Priority|.*full|.*gpu)")
+    assert any(re.search(r"Submitted job \d+ to partition gpu: 1 node\(s\) × 1 GPU\(s\) for 00:10:00", m) for m in messages)
+    assert re.search(r"Job \d+ is queued", messages[-1]), messages
+    site.hub.stop("alice", "q")
+    assert site.jobs("alice") == {}
+    assert held in site.jobs("bob")
+
+
+def test_a_hub_restart_keeps_a_running_server(bed, site, clean):
+    spawn(site.hub, "alice", {"gpus_per_node": 1, "walltime": "00:20:00"})
+    site.hub.wait_ready("alice")
+    before = site.jobs("alice")
+    testbed.hub(site.place).stop()
+    testbed.hub(site.place).start()
+    assert site.hub.server("alice")["ready"], "the running server was not picked up"
+    site.hub.wait_routed("alice")
+    assert json.loads(site.hub.run_in_kernel("alice", KERNEL_REPORT))["image"] == bed["identity"]
+    assert site.jobs("alice") == before, "the job was not followed (or a new one was submitted)"
+
+
+def test_the_form_shows_the_schedulers_availability_and_script(site, clean):
+    page = site.session("alice").get("/hub/spawn")
+    nodes, gpus = site.nodes, site.gpus
+    assert re.search(rf'<tr data-partition="gpu">.*?<td>\s*{nodes} / {nodes}</td>\s*<td>\s*{gpus} / {gpus}</td>', page, re.S), \
+        "availability"
+    partition_line = f"{site.sched.directive} {site.sched.options(JobRequest('gpu', 1, 1, 60, 'base', 'x'), 'n', '/o', '/w')[1]}"
+    assert partition_line in page, partition_line  # the script's preview, in this scheduler's words
