@@ -21,7 +21,7 @@ def report(allreduce: bool = False) -> dict:
         image = None
     info = {
         "host": socket.gethostname(),
-        "node": os.environ.get("SLURMD_NODENAME"),
+        "node": os.environ.get("SLURMD_NODENAME") or os.environ.get("HOROVOD_HOSTNAME"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "user": pwd.getpwuid(os.getuid()).pw_name,
         "uid": os.getuid(),

@@ -20,15 +20,17 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 
 from .allocation import hostnames
 from .atomic import write_json
 from .containers.site import load_site
+from .spawner.scheduler import job_scheduler
 from .world import Slot, gloo_env, iface_for, plan_slots, slurm_hosts, slurm_slot
 
 GLOO_NAMES = tuple(gloo_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
 RENDEZVOUS_ENV = "HPCDL_RENDEZVOUS"
-PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME")
+PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME", "JOB_ID")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,13 +45,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-e", "--env", action="append", default=[], metavar="NAME", help="also pass this variable to the ranks")
     p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)  # one task's side, started by srun
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--slot", type=int, help=argparse.SUPPRESS)  # with --hosts: a task started alone (Grid Engine)
+    p.add_argument("--hosts", help=argparse.SUPPRESS)  # host:count,... in rank order
     p.add_argument("command", nargs=argparse.REMAINDER)
     return p
 
 
 def run_rank(args, command: list[str]) -> int:
-    """Inside one srun task: compute this task's slot and exec the command in the container."""
-    slot = slurm_slot(os.environ, hostnames(os.environ["SLURM_JOB_NODELIST"]))
+    """Inside one task: compute this task's slot (from srun's variables, or the launcher's ``--slot``/``--hosts``)
+    and exec the command in the container."""
+    if args.slot is not None:
+        slot = plan_slots(_parse_hosts(args.hosts or ""))[args.slot]
+    else:
+        slot = slurm_slot(os.environ, hostnames(os.environ["SLURM_JOB_NODELIST"]))
     rendezvous = os.environ.pop(RENDEZVOUS_ENV, "")  # address and secret, from the launcher's environment
     if not rendezvous:
         print(f"hpcdl-launch --rank: ${RENDEZVOUS_ENV} is not set (start ranks with hpcdl-launch)", file=sys.stderr)
@@ -57,7 +65,33 @@ def run_rank(args, command: list[str]) -> int:
     os.environ.update(gloo_env(slot, rendezvous, args.port, args.iface))
     names = [n for n in (*GLOO_NAMES, *PASS_THROUGH, *args.env) if n in os.environ]
     argv = [sys.executable, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), args.image, "--", *command]
-    os.execv(sys.executable, argv)
+    if args.slot is None:
+        os.execv(sys.executable, argv)  # srun's task: srun ends the whole step
+    return _supervise_task(argv)
+
+
+def _supervise_task(argv: list[str]) -> int:
+    """A task started alone (Grid Engine's ``qrsh -inherit``), whose end nobody else sees to: the launcher holds
+    this task's stdin open, so its end (or its ending the ranks) closes it, and the rank's tree is ended here."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    ended = threading.Event()
+
+    def watch_stdin() -> None:
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        ended.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: ended.set())
+    while proc.poll() is None:
+        if ended.wait(0.2):
+            _end([proc])
+            break
+    return proc.wait()
 
 
 #: How long ranks have between SIGTERM and SIGKILL when the launcher ends them (a rank failed, the time limit, or
@@ -84,6 +118,12 @@ def _relay(stream, rank: int, out) -> None:
 
 
 def _end(procs: list[subprocess.Popen], grace: float = GRACE_S) -> None:
+    held = [proc for proc in procs if proc.stdin and not proc.stdin.closed]
+    for proc in held:
+        proc.stdin.close()  # a task started alone (qrsh -inherit) ends its rank on this, then exits
+    deadline = time.monotonic() + grace
+    while any(proc.poll() is None for proc in held) and time.monotonic() < deadline:
+        time.sleep(0.05)
     for sig, patience in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for proc in procs:
             if proc.poll() is None:
@@ -105,26 +145,34 @@ def _raise_stopped(signum, frame):
     raise _Stopped(signum)
 
 
-def run_local(args, command: list[str]) -> tuple[int, str]:
-    """``--local N``: N ranks as processes of this machine, joined over loopback; the first rank to fail ends the
-    others (as srun's --kill-on-bad-exit), and so does the time limit. Returns the exit code and why it ended."""
-    host = socket.gethostname()
-    hosts = [(host, args.local)]
-    server = _rendezvous("127.0.0.1", hosts)
-    procs: list[subprocess.Popen] = []
-    relays: list[threading.Thread] = []
-    deadline = time.monotonic() + args.time_limit if args.time_limit else None
-    out = sys.stdout.buffer
-    try:
-        for slot in plan_slots(hosts):
-            env = {**os.environ, **gloo_env(slot, server.rank_address("127.0.0.1"), server.port, "lo")}
-            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE if args.label else None,
-                                    stderr=subprocess.STDOUT if args.label else None)
-            procs.append(proc)
-            if args.label:
-                relays.append(threading.Thread(target=_relay, args=(proc.stdout, slot.rank, out), daemon=True))
-                relays[-1].start()
+def _parse_hosts(spec: str) -> list[tuple[str, int]]:
+    hosts = [(h, int(n)) for h, _, n in (part.rpartition(":") for part in spec.split(",") if part)]
+    if not hosts:
+        raise ValueError(f"--hosts {spec!r}: give host:count,...")
+    return hosts
+
+
+class _Ranks:
+    """Rank processes started one by one (``--local``, Grid Engine's tasks), their output labelled if asked."""
+
+    def __init__(self, label: bool):
+        self.label, self.procs, self.relays = label, [], []
+
+    def start(self, rank: int, argv: list[str], env: dict, hold_stdin: bool = False) -> None:
+        """``hold_stdin``: the rank's stdin is a pipe held open until it is ended (a task started alone watches it)."""
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE if hold_stdin else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE if self.label else None,
+                                stderr=subprocess.STDOUT if self.label else None)
+        self.procs.append(proc)
+        if self.label:
+            self.relays.append(threading.Thread(target=_relay, args=(proc.stdout, rank, sys.stdout.buffer), daemon=True))
+            self.relays[-1].start()
+
+    def watch(self, time_limit: float | None = None) -> tuple[int, str]:
+        """Until every rank exits with 0, one fails (the others are then ended, as srun's --kill-on-bad-exit) or
+        the time limit runs out."""
+        procs = self.procs
+        deadline = time.monotonic() + time_limit if time_limit else None
         while True:
             codes = [proc.poll() for proc in procs]
             failed = [(rank, code) for rank, code in enumerate(codes) if code]
@@ -135,35 +183,66 @@ def run_local(args, command: list[str]) -> tuple[int, str]:
                 return 0, "every rank exited with 0"
             if deadline is not None and time.monotonic() > deadline:
                 _end(procs)
-                return 124, f"the time limit ({args.time_limit:g} s) ran out"
+                return 124, f"the time limit ({time_limit:g} s) ran out"
             time.sleep(0.1)
+
+    def close(self) -> None:
+        _end(self.procs, 0)
+        for relay in self.relays:
+            relay.join(5)
+
+
+def run_local(args, command: list[str]) -> tuple[int, str]:
+    """``--local N``: N ranks as processes of this machine, joined over loopback; the first rank to fail ends the
+    others (as srun's --kill-on-bad-exit), and so does the time limit. Returns the exit code and why it ended."""
+    hosts = [(socket.gethostname(), args.local)]
+    server = _rendezvous("127.0.0.1", hosts)
+    ranks = _Ranks(args.label)
+    try:
+        for slot in plan_slots(hosts):
+            ranks.start(slot.rank, command, {**os.environ, **gloo_env(slot, server.rank_address("127.0.0.1"), server.port, "lo")})
+        return ranks.watch(args.time_limit)
     except _Stopped as e:
-        _end(procs)
+        ranks.close()
         return 128 + e.signum, f"stopped by {e}"
     finally:
-        _end(procs, 0)
-        for relay in relays:
-            relay.join(5)
+        ranks.close()
         server.stop()
 
 
-def run_batch(args, command: list[str]) -> tuple[int, str]:
-    """In a Slurm allocation: one srun step of the ranks, each in the user's container."""
+def run_batch(args, command: list[str], sched) -> tuple[int, str]:
+    """In a batch job: the ranks over its allocation, each in the user's container; one srun step on Slurm, one
+    task per rank on batch systems that start tasks alone (Grid Engine's ``qrsh -inherit``)."""
     addr = args.rendezvous_addr or socket.gethostbyname(socket.gethostname())
     iface = args.iface or iface_for(addr)
-    hosts = slurm_hosts(hostnames(os.environ["SLURM_JOB_NODELIST"]), os.environ["SLURM_TASKS_PER_NODE"])
+    if hasattr(sched, "step_argv"):
+        hosts = slurm_hosts(hostnames(os.environ["SLURM_JOB_NODELIST"]), os.environ["SLURM_TASKS_PER_NODE"])
+    else:
+        with open(os.environ.get("PE_HOSTFILE") or os.devnull) as f:
+            hosts = sched.parse_pe_hostfile(f.read())
     size = sum(n for _, n in hosts)
     load_site().client().ensure_container(args.image)  # once, before the ranks (they share the home file system)
     server = _rendezvous(addr, hosts)
-    try:
-        srun = ["srun", "--kill-on-bad-exit=1", "--distribution=block", f"--ntasks={size}",
-                *(["--label"] if args.label else []),
-                sys.executable, "-m", "jupyter_hpcdl.launch", "--rank", f"--image={args.image}",
+    # The secret goes to the tasks in the launcher's environment (theirs alone to read), not on a command line.
+    env = {**os.environ, RENDEZVOUS_ENV: server.rank_address(addr)}
+
+    def rank_argv(*extra: str) -> list[str]:
+        return [sys.executable, "-m", "jupyter_hpcdl.launch", "--rank", *extra, f"--image={args.image}",
                 f"--port={server.port}", f"--iface={iface}", *(f"--env={n}" for n in args.env), "--", *command]
-        # The secret goes to the tasks in srun's environment (theirs alone to read), not on a command line.
-        code = subprocess.call(srun, env={**os.environ, RENDEZVOUS_ENV: server.rank_address(addr)})
-        return code, f"srun exited with {code}"
+
+    ranks = _Ranks(args.label)
+    try:
+        if hasattr(sched, "step_argv"):
+            code = subprocess.call(sched.step_argv(size, args.label, rank_argv()), env=env)
+            return code, f"{sched.step_argv(1, False, [])[0]} exited with {code}"
+        spec = ",".join(f"{h}:{n}" for h, n in hosts)
+        for slot in plan_slots(hosts):
+            ranks.start(slot.rank, sched.task_argv(slot.hostname, [RENDEZVOUS_ENV],
+                                                   rank_argv(f"--slot={slot.rank}", f"--hosts={spec}")), env,
+                        hold_stdin=True)
+        return ranks.watch()
     finally:
+        ranks.close()
         server.stop()
 
 
@@ -186,17 +265,17 @@ def main(argv: list[str] | None = None) -> int:
             print("hpcdl-launch: --time-limit must be a positive number of seconds", file=sys.stderr)
             return 2
         run = run_local
-    elif "SLURM_JOB_ID" not in os.environ:
-        print("hpcdl-launch: not inside a Slurm allocation: run it from a batch script (sbatch) or salloc, or give "
-              "--local N to run N ranks on this machine", file=sys.stderr)
+    elif args.rank:
+        return run_rank(args, command)
+    elif (sched := job_scheduler(os.environ)) is None:
+        print("hpcdl-launch: not inside a batch job: run it from a batch script (sbatch, qsub) or an interactive "
+              "allocation (salloc), or give --local N to run N ranks on this machine", file=sys.stderr)
         return 2
     elif not args.image:
         print("hpcdl-launch: give --image: the image whose container runs each rank", file=sys.stderr)
         return 2
-    elif args.rank:
-        return run_rank(args, command)
     else:
-        run = run_batch
+        run = partial(run_batch, sched=sched)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _raise_stopped)
     try:

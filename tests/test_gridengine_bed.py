@@ -1,8 +1,11 @@
 """Grid Engine's adapter against the real Son of Grid Engine of the bed, as alice: the same queue, the same parsers
 and the same mark that the spawner uses."""
 import asyncio
+import json
+import shlex
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +122,34 @@ def test_a_jobs_environment_is_shown_to_other_users(alice, bob):
 
     assert "visible-to-bob" in asyncio.run(go()).stdout
     assert SGE.private_env is False
+
+
+def launch_job(alice, body: str, slots: int = 2) -> str:
+    return "\n".join(["#!/bin/bash", f"#$ -q gpu -pe smp {slots} -l h_rt=0:05:00,gpu=1 -o {alice.home}/sge-launch.out -j y",
+                      f"#$ -wd {alice.home} -S /bin/bash -N {NAME}", body]) + "\n"
+
+
+def test_hpcdl_launch_joins_ranks_in_containers_into_one_horovod_world(bed, alice, queue):
+    out = Path(alice.home, "sge-launch.out")
+    out.unlink(missing_ok=True)
+    script = launch_job(alice, f"hpcdl-launch --image={bed['image']} -e TF_CPP_MIN_LOG_LEVEL -- "
+                               "python3 -m jupyter_hpcdl.diagnose --allreduce")
+    job_id = SGE.parse_submit(alice.run("qsub", "-terse", "-v", "PATH,TF_CPP_MIN_LOG_LEVEL", input=script, check=True).stdout)
+    info = asyncio.run(wait_phase(queue, job_id, {ENDED}, timeout=240))
+    text = out.read_text()
+    ranks = sorted((json.loads(line) for line in text.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    assert info.exit_code == "0", text[-3000:]
+    assert [(r["rank"], r["size"], r["node"]) for r in ranks] == [(0, 2, socket.gethostname()), (1, 2, socket.gethostname())]
+    assert all(r["allreduce_sum"] == 3.0 and r["image"] == bed["identity"] and r["uid"] == alice.uid for r in ranks)
+
+
+def test_a_failing_rank_ends_the_others_and_gives_the_jobs_exit_code(bed, alice, queue):
+    out = Path(alice.home, "sge-launch.out")
+    out.unlink(missing_ok=True)
+    rank_code = "import os, sys, time; r = os.environ['HOROVOD_RANK']; sys.exit(3) if r == '1' else time.sleep(300)"
+    script = launch_job(alice, f"hpcdl-launch --label --image={bed['image']} -- python3 -c {shlex.quote(rank_code)}")
+    job_id = SGE.parse_submit(alice.run("qsub", "-terse", "-v", "PATH", input=script, check=True).stdout)
+    info = asyncio.run(wait_phase(queue, job_id, {ENDED}, timeout=120))
+    text = out.read_text()
+    assert info.exit_code == "3", text[-3000:]
+    assert "hpcdl-launch: rank 1 exited with 3" in text

@@ -3,6 +3,7 @@ bed (tests/recorded/gridengine/), and the site hooks every adapter shares."""
 import asyncio
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -165,3 +166,24 @@ def test_grid_engine_script_passes_secrets_by_file_not_by_environment():
     script = build_batch_script(REQ, sge, ctx)
     assert "--env-file=/home/alice/.jupyter-hpcdl/jobs/env-default.json" in script
     assert 'export HPCDL_JOB_ID="${JOB_ID:-}" HPCDL_NODE="${HOSTNAME:-}"' in script
+
+
+def test_the_job_side_finds_its_scheduler_and_its_hosts():
+    from jupyter_hpcdl.launch import _parse_hosts
+    from jupyter_hpcdl.spawner.scheduler import job_scheduler
+
+    assert job_scheduler({"SLURM_JOB_ID": "5"}).name == "slurm"
+    assert job_scheduler({"JOB_ID": "7", "SGE_ROOT": "/var/lib/gridengine"}).name == "gridengine"
+    assert job_scheduler({"HOME": "/home/alice"}) is None
+    hosts = GridEngine().parse_pe_hostfile("vm 2 gpu@vm UNDEFINED\nnode7 1 gpu@node7 UNDEFINED\n")
+    assert hosts == [("vm", 2), ("node7", 1)] and _parse_hosts("vm:2,node7:1") == hosts
+    with pytest.raises(ValueError, match="parallel environment"):
+        GridEngine().parse_pe_hostfile("")
+
+
+def test_a_task_alone_is_quoted_for_the_remote_shell():
+    argv = GridEngine().task_argv("node7", ["HPCDL_RENDEZVOUS"], ["python3", "-c", "print('a b'); import sys"])
+    assert argv[:5] == ["qrsh", "-inherit", "-v", "HPCDL_RENDEZVOUS", "node7"]
+    assert shlex.split(argv[5]) == ["python3", "-c", "print('a b'); import sys"]  # one word each, as given
+    assert Slurm().step_argv(4, True, ["x"]) == ["srun", "--kill-on-bad-exit=1", "--distribution=block", "--ntasks=4",
+                                                 "--label", "x"]

@@ -47,7 +47,7 @@ def test_horovod_allreduce_between_containers_on_two_nodes(bed, alice):
 
 def test_launch_outside_an_allocation_says_what_to_do(alice):
     r = alice.run("hpcdl-launch", "--image=hpcdl/base:latest", "--", "true")
-    assert r.returncode == 2 and "not inside a Slurm allocation" in r.stderr
+    assert r.returncode == 2 and "not inside a batch job" in r.stderr
 
 
 def test_pull_from_the_loopback_registry(bed, alice, alice_dir):

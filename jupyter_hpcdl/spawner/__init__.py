@@ -1,3 +1,12 @@
 """The hub side of jupyter-hpcdl: HpcdlSpawner runs a user's JupyterLab as a batch job on GPU nodes, with kernels in
-the user's udocker container. Importing it also hardens batchspawner's callback route (see api.py)."""
-from .spawner import HpcdlSpawner  # noqa: F401
+the user's udocker container. Loading HpcdlSpawner (as JupyterHub does, through the entry point) also hardens
+batchspawner's callback route (see api.py). The batch-system adapters here are imported alone by the job's side,
+which must not pay for JupyterHub: so HpcdlSpawner is loaded on first use."""
+
+
+def __getattr__(name: str):
+    if name == "HpcdlSpawner":
+        from .spawner import HpcdlSpawner
+
+        return HpcdlSpawner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

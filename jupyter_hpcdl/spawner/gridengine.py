@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import xml.etree.ElementTree as ET
 from typing import Sequence
 
@@ -229,3 +230,25 @@ class GridEngine(Scheduler):
             a[2] += free + used
             a[3] += free if up else 0
         return {q: Availability(q, *a) for q, a in acc.items()}
+
+    # -- inside a job ----------------------------------------------------------------------------------------------
+    def in_job(self, env) -> bool:
+        return bool(env.get("JOB_ID") and env.get("SGE_ROOT"))
+
+    def parse_pe_hostfile(self, text: str) -> list[tuple[str, int]]:
+        """``$PE_HOSTFILE`` (``host slots queue processors`` a line) as (host, slots), in order."""
+        hosts = []
+        for line in text.splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                hosts.append((fields[0], int(fields[1])))
+        if not hosts:
+            raise ValueError("the job's PE_HOSTFILE names no host: submit it with a parallel environment (-pe)")
+        return hosts
+
+    def task_argv(self, host: str, env_names: Sequence[str], argv: Sequence[str]) -> list[str]:
+        """One task of this job on ``host``, the parallel environment's way (``qrsh -inherit``: the PE needs
+        control_slaves), with the named variables (values from this process's environment) and the command's
+        words quoted for the remote shell."""
+        return ["qrsh", "-inherit", *(["-v", ",".join(env_names)] if env_names else []), host,
+                " ".join(shlex.quote(a) for a in argv)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from traitlets import List, Unicode, validate
 from traitlets.config import Configurable
@@ -142,6 +142,24 @@ class Scheduler(Configurable):
 
     def parse_availability(self, stdout: str) -> dict[str, Availability]:
         raise NotImplementedError
+
+
+    # -- inside a job (the job's side: hpcdl-launch) -----------------------------------------------------------------
+    def in_job(self, env: Mapping[str, str]) -> bool:
+        """Whether ``env`` is that of a job of this batch system."""
+        return bool(env.get(self.job_id_env))
+
+
+def job_scheduler(env: Mapping[str, str]) -> Scheduler | None:
+    """The adapter whose job this process runs in (by its job's variables), or None outside any."""
+    for ep in sorted(entry_points(group="jupyter_hpcdl.schedulers"), key=lambda ep: ep.name != "slurm"):
+        try:
+            sched = ep.load()()
+        except Exception:  # a broken third-party adapter must not stop the others
+            continue
+        if sched.in_job(env):
+            return sched
+    return None
 
 
 def load_scheduler(name: str, parent: Configurable | None = None) -> Scheduler:

@@ -111,3 +111,8 @@ class Slurm(Scheduler):
             a[2] += total
             a[3] += max(total - busy, 0) if up else 0
         return {p: Availability(p, *a) for p, a in acc.items()}
+
+    def step_argv(self, size: int, label: bool, argv: Sequence[str]) -> list[str]:
+        """One step of ``size`` tasks over the allocation, block-wise; the first task to fail ends the others."""
+        return ["srun", "--kill-on-bad-exit=1", "--distribution=block", f"--ntasks={size}",
+                *(["--label"] if label else []), *argv]
