@@ -55,9 +55,19 @@ def host_up(host: str) -> bool:
     return any(line.split()[:1] == [host] and line.split()[3:4] != ["-"] for line in out.splitlines())
 
 
-def prepare() -> None:
-    """What must be in place before the qmaster starts: clients on loopback are this host, not "localhost"."""
+def prepare(state: Path) -> None:
+    """What must be in place before the qmaster starts: clients on loopback are this host, not "localhost"; the
+    GPU starter (Grid Engine binds no GPU itself) with its lock files."""
     write(ROOT / CELL / "common/host_aliases", f"{socket.gethostname()} localhost\n")
+    locks = state / "sge/gpus"
+    locks.mkdir(parents=True, exist_ok=True)
+    (state / "sge").chmod(0o755)
+    locks.chmod(0o1777)  # the jobs' users record which GPUs their jobs hold here
+    for i in range(config.GPUS_PER_NODE):
+        (locks / f"gpu{i}.lock").touch(0o644)
+    starter = state / "sge/gpu-starter.sh"
+    if write(starter, (Path(__file__).parent / "sge-gpu-starter.sh").read_text()):
+        starter.chmod(0o755)
 
 
 def write(path: Path, text: str) -> bool:
@@ -99,7 +109,7 @@ def _show(*args: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def configure() -> bool:
+def configure(state: Path) -> bool:
     """This host as admin, submit and execution host with its GPUs; the GPU complex, the PEs and the queue; a
     1-second scheduling interval and accounting written at once. Returns whether anything changed (the execd then
     restarts: a running one keeps the old configuration and its queue goes into error)."""
@@ -125,7 +135,8 @@ def configure() -> bool:
         queue = _show("-sq", name)
         template = queue if queue is not None else qconf("-sq").stdout
         wanted = {"qname": name, "hostlist": "@allhosts", "load_thresholds": "NONE", "pe_list": " ".join(PES),
-                  "slots": str(config.GPUS_PER_NODE), "shell": "/bin/bash", "shell_start_mode": "unix_behavior"}
+                  "slots": str(config.GPUS_PER_NODE), "shell": "/bin/bash", "shell_start_mode": "unix_behavior",
+                  "starter_method": str(state / "sge/gpu-starter.sh")}
         text = "".join(f"{k} {wanted.get(k, v)}\n" for k, v in _attrs(template).items())
         changed |= _apply("-Aq", "-Mq", text, queue)
     sconf = qconf("-ssconf").stdout
@@ -152,11 +163,11 @@ def up(state: Path, log) -> None:
     """Start, configure, and restart the execd where the configuration changed; wait for the queue."""
     if not installed():
         raise RuntimeError("Son of Grid Engine is not installed: run testbed/install.sh")
-    prepare()
+    prepare(state)
     qmaster, execd = daemons(state)
     if qmaster.start():
         log(f"sge_qmaster started (pid {qmaster.pid()})")
-    if configure() and execd.stop():
+    if configure(state) and execd.stop():
         log("sge_execd restarted: configuration changed")
     if execd.start():
         log(f"sge_execd started (pid {execd.pid()})")

@@ -153,3 +153,24 @@ def test_a_failing_rank_ends_the_others_and_gives_the_jobs_exit_code(bed, alice,
     text = out.read_text()
     assert info.exit_code == "3", text[-3000:]
     assert "hpcdl-launch: rank 1 exited with 3" in text
+
+
+def test_jobs_get_their_own_gpus_and_their_tasks_the_same(alice, queue):
+    """The bed's starter method binds GPUs (Grid Engine has no binding of its own): two jobs of 2 GPUs each get
+    disjoint CUDA_VISIBLE_DEVICES, and a task a job starts alone (qrsh -inherit) sees its job's."""
+    body = ('echo "job=$CUDA_VISIBLE_DEVICES"; host=$(head -1 "$PE_HOSTFILE" | cut -d" " -f1); '
+            'qrsh -inherit "$host" printenv CUDA_VISIBLE_DEVICES | sed "s/^/task=/"; sleep 5')
+
+    async def go():
+        ids = [await submit(alice, script(alice, 2, body)) for _ in range(2)]
+        for job_id in ids:
+            await wait_phase(queue, job_id, {ENDED}, timeout=90)
+        return ids
+
+    seen = []
+    for job_id in asyncio.run(go()):
+        lines = dict(line.split("=", 1) for line in Path(alice.home, f"sge-{job_id}.log").read_text().split()
+                     if line.startswith(("job=", "task=")))
+        assert lines["task"] == lines["job"], lines
+        seen.append(set(lines["job"].split(",")))
+    assert all(len(s) == 2 for s in seen) and not seen[0] & seen[1], seen

@@ -96,6 +96,7 @@ def test_spawn_runs_lab_with_kernels_in_the_container_and_keeps_the_token_privat
     (job_id, state), = site.jobs("alice").items()
     report = json.loads(site.hub.run_in_kernel("alice", KERNEL_REPORT))
     assert report["image"] == bed["identity"] and report["uid"] == 1001, "the kernel is not in alice's container"
+    assert len((report["cuda"] or "").split(",")) == 1 and report["cuda"], "the job's GPU did not reach the kernel"
     # What every other user can read of the job (its details, its environment where the scheduler shows it).
     details = bob.run(*site.sched.job_argv(job_id)).stdout
     token = _server_token("alice")
@@ -105,7 +106,7 @@ def test_spawn_runs_lab_with_kernels_in_the_container_and_keeps_the_token_privat
     assert site.jobs("alice") == {}
 
 
-def test_a_queued_spawn_says_why_and_stop_cancels_it(site, bob, clean):
+def test_a_queued_spawn_says_why_and_stop_cancels_it(site, alice, bob, clean):
     held = blocker(site, bob)
     status, _ = spawn(site.hub, "alice", {"nodes": 1, "gpus_per_node": 1, "walltime": "00:10:00"}, name="q")
     assert status == 202
@@ -116,6 +117,7 @@ def test_a_queued_spawn_says_why_and_stop_cancels_it(site, bob, clean):
     site.hub.stop("alice", "q")
     assert site.jobs("alice") == {}
     assert held in site.jobs("bob")
+    assert not Path(alice.home, ".jupyter-hpcdl/jobs/env-q.json").exists(), "a cancelled job's secrets were left"
 
 
 def test_a_hub_restart_keeps_a_running_server(bed, site, clean):

@@ -38,8 +38,10 @@ def gpus(f: NodeFacts, images: tuple[ImageFacts, ...]) -> list[Finding]:
         how = "unset" if f.cuda_visible_devices is None else repr(f.cuda_visible_devices)
         return [Finding("GPUs", FAIL, f"the job asked for {f.gpus_requested} GPU(s) but CUDA_VISIBLE_DEVICES is "
                         f"{how} on {f.node}",
-                        "declare the GPUs as generic resources (Slurm: GresTypes=gpu, Gres=gpu:N on the node, gres.conf "
-                        "with File=/dev/nvidia*) so that the batch system binds them to jobs", where=f.node)]
+                        "make the batch system bind GPUs to jobs (Slurm: GresTypes=gpu, Gres=gpu:N on the node, "
+                        "gres.conf with File=/dev/nvidia*; Grid Engine, which has no GPU binding of its own: a gpu "
+                        "consumable and a queue starter_method or prolog that sets CUDA_VISIBLE_DEVICES, as the test "
+                        "bed's testbed/sge-gpu-starter.sh)", where=f.node)]
     found = [Finding("GPUs", OK, f"{len(seen)} GPU(s) bound to the job: CUDA_VISIBLE_DEVICES={f.cuda_visible_devices}",
                      where=f.node)]
     for img in images:

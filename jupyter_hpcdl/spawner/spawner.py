@@ -449,7 +449,17 @@ class HpcdlSpawner(Spawner):
             self.log.warning("%s: %s", self._log_name, why)
             self._forget_job(why)
             return
+        await self._remove_env_file()
         self._forget_job(f"job {job_id} cancelled when the server was stopped")
+
+    async def _remove_env_file(self) -> None:
+        """A job cancelled before it started never read its secrets' file: remove it (as the user)."""
+        if self.scheduler.private_env:
+            return
+        path = env_file_path(self.user_home(), self.name)
+        result = await run([*as_user(self.exec_prefix, self.user.name), "rm", "-f", "--", path])
+        if result.returncode:
+            self.log.warning("%s: could not remove %s: %s", self._log_name, path, result.failure("rm"))
 
 
 # -- hub-wide helpers: the routes while pending spawns are followed, the orphan sweep (one per hub process) ---------
