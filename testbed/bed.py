@@ -17,7 +17,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -183,7 +182,7 @@ def prepare_hub(place: config.HubPlace = config.HUB) -> bool:
     if place is config.HUB:
         text = config.hub_config(STATE, PREFIX, list(USERS), password, list(WORKSHOP_USERS))
     else:
-        text = config.sge_hub_config(STATE, PREFIX, list(USERS), password, socket.gethostname())
+        text = config.sge_hub_config(STATE, PREFIX, list(USERS), password, gridengine.host())
     return write_if_changed(d / "jupyterhub_config.py", text, 0o600)
 
 
@@ -282,7 +281,7 @@ def describe(identity: dict | None = None) -> dict:
         "registry": f"http://{config.REGISTRY}", "site_config": str(SITE_JSON),
         "hub_url": f"http://127.0.0.1:{config.HUB_PORT}", "hub_dir": str(STATE / "hub"),
         "sge_hub_url": f"http://127.0.0.1:{config.SGE_HUB_PORT}", "sge_hub_dir": str(STATE / config.SGE_HUB.dirname),
-        "sge_host": socket.gethostname(), "sge_queue": gridengine.QUEUE,
+        "sge_host": gridengine.host(), "sge_queue": gridengine.QUEUE,
     }
 
 

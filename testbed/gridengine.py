@@ -22,6 +22,17 @@ QUEUES = (config.PARTITION, config.CPU_PARTITION)
 PES = {"smp": "$pe_slots", **{f"mpi-{n}": str(n) for n in range(1, config.GPUS_PER_NODE + 1)}}
 
 
+def host() -> str:
+    """This machine as Grid Engine names it (its resolver, with the cell's host aliases), which is what queue
+    instances and $PE_HOSTFILE say; the plain host name where that tool fails."""
+    try:
+        out = subprocess.run(["/usr/lib/gridengine/gethostname", "-aname"], text=True, capture_output=True, timeout=30,
+                             env={**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL}).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    return out or socket.gethostname()
+
+
 def installed() -> bool:
     return Path("/usr/sbin/sge_qmaster").exists() and (ROOT / CELL / "common/bootstrap").exists()
 
@@ -45,7 +56,7 @@ def daemons(state: Path) -> list[Daemon]:
     qmaster = Daemon("sge_qmaster", ["/usr/sbin/sge_qmaster"], pidfile=state / "run/sge_qmaster.pid",
                      log=state / "log/sge_qmaster.out", env=ENV, ready=answers)
     execd = Daemon("sge_execd", ["/usr/sbin/sge_execd"], pidfile=state / "run/sge_execd.pid",
-                   log=state / "log/sge_execd.out", env=ENV, ready=lambda: host_up(socket.gethostname()))
+                   log=state / "log/sge_execd.out", env=ENV, ready=lambda: host_up(host()))
     return [qmaster, execd]
 
 
@@ -113,18 +124,18 @@ def configure(state: Path) -> bool:
     """This host as admin, submit and execution host with its GPUs; the GPU complex, the PEs and the queue; a
     1-second scheduling interval and accounting written at once. Returns whether anything changed (the execd then
     restarts: a running one keeps the old configuration and its queue goes into error)."""
-    host = socket.gethostname()
+    host_name = host()
     changed = False
-    if host not in qconf("-ss", check=False).stdout.split():
-        qconf("-as", host)
+    if host_name not in qconf("-ss", check=False).stdout.split():
+        qconf("-as", host_name)
     complexes = qconf("-sc").stdout
     if not any(line.split()[:1] == ["gpu"] for line in complexes.splitlines()):
         _from_file("-Mc", complexes + "gpu gpu INT <= YES YES 0 0\n")
         changed = True
-    exechost = (f"hostname {host}\nload_scaling NONE\ncomplex_values gpu={config.GPUS_PER_NODE}\nuser_lists NONE\n"
+    exechost = (f"hostname {host_name}\nload_scaling NONE\ncomplex_values gpu={config.GPUS_PER_NODE}\nuser_lists NONE\n"
                 "xuser_lists NONE\nprojects NONE\nxprojects NONE\nusage_scaling NONE\nreport_variables NONE\n")
-    changed |= _apply("-Ae", "-Me", exechost, _show("-se", host))
-    changed |= _apply("-Ahgrp", "-Mhgrp", f"group_name @allhosts\nhostlist {host}\n",
+    changed |= _apply("-Ae", "-Me", exechost, _show("-se", host_name))
+    changed |= _apply("-Ahgrp", "-Mhgrp", f"group_name @allhosts\nhostlist {host_name}\n",
                       _show("-shgrp", "@allhosts"))
     for pe, rule in PES.items():
         text = (f"pe_name {pe}\nslots 9999\nuser_lists NONE\nxuser_lists NONE\nstart_proc_args NONE\n"
@@ -171,8 +182,8 @@ def up(state: Path, log) -> None:
         log("sge_execd restarted: configuration changed")
     if execd.start():
         log(f"sge_execd started (pid {execd.pid()})")
-    host = socket.gethostname()
-    wait_for(lambda: _queue_ok(host), 60, f"Grid Engine queue {QUEUE}@{host}")
+    name = host()
+    wait_for(lambda: _queue_ok(name), 60, f"Grid Engine queue {QUEUE}@{name}")
 
 
 def _queue_ok(host: str) -> bool:

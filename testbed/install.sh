@@ -28,6 +28,8 @@ command -v npm >/dev/null || missing+=(npm)  # Debian's nodejs comes without npm
 if ((${#missing[@]})); then
   log "apt: ${missing[*]}"
   apt-get update -q >/dev/null
+  # Grid Engine's daemons and clients must resolve this host's name (a bare container may not).
+  getent hosts "$(hostname)" >/dev/null || echo "127.0.0.1 $(hostname)" >>/etc/hosts
   # Grid Engine's packages set up their cell at install time, from debconf: this host is the master.
   for p in common master client exec; do
     printf 'gridengine-%s shared/gridengineconfig boolean true\ngridengine-%s shared/gridenginecell string default\ngridengine-%s shared/gridenginemaster string %s\n' \

@@ -10,7 +10,7 @@ dir=${0%/*}/gpus
 gpus=$(ls "$dir" | grep -c '^gpu[0-9]*\.lock$')
 if [[ -n ${QRSH_PORT:-} ]]; then
   [[ -r $dir/job-$JOB_ID.$HOSTNAME ]] && export CUDA_VISIBLE_DEVICES="$(<"$dir/job-$JOB_ID.$HOSTNAME")"
-  exec "$@"
+  exec /bin/sh -c "$*"  # as without a starter: a task's command line goes through the shell
 fi
 per_slot=$(timeout 30 qstat -j "$JOB_ID" 2>/dev/null | sed -n 's/^hard resource_list: *//p' | tr ',' '\n' | sed -n 's/^gpu=//p')
 slots=1

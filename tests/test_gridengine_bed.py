@@ -3,7 +3,6 @@ and the same mark that the spawner uses."""
 import asyncio
 import json
 import shlex
-import socket
 import time
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def queue(alice):
     asyncio.run(as_alice(["qdel", "-u", "alice"]))
 
 
-def test_a_job_runs_with_its_gpus_and_carries_the_hubs_mark(alice, queue):
+def test_a_job_runs_with_its_gpus_and_carries_the_hubs_mark(bed, alice, queue):
     mark = JobMark("testhub", "alice", "sge run")
 
     async def go():
@@ -68,7 +67,7 @@ def test_a_job_runs_with_its_gpus_and_carries_the_hubs_mark(alice, queue):
         return job_id, info, comment, named, avail, gone
 
     job_id, info, comment, named, avail, gone = asyncio.run(go())
-    assert (info.batch_host, info.user) == (socket.gethostname(), "alice")
+    assert (info.batch_host, info.user) == (bed["sge_host"], "alice")
     assert JobMark.parse(SGE.parse_comment(comment.stdout)) == mark
     assert job_id in SGE.parse_job_ids(named.stdout, NAME)
     gpu = SGE.parse_availability(avail.stdout)["gpu"]
@@ -76,13 +75,13 @@ def test_a_job_runs_with_its_gpus_and_carries_the_hubs_mark(alice, queue):
     assert gone.phase == ENDED and gone.exit_code != "0"  # deleted while running: killed
 
 
-def test_the_exit_code_comes_from_the_accounting(alice, queue):
+def test_the_exit_code_comes_from_the_accounting(bed, alice, queue):
     async def go():
         job_id = await submit(alice, script(alice, 0, "exit 3"))
         return await wait_phase(queue, job_id, {ENDED})
 
     info = asyncio.run(go())
-    assert (info.state, info.exit_code, info.batch_host) == ("FAILED", "3", socket.gethostname())
+    assert (info.state, info.exit_code, info.batch_host) == ("FAILED", "3", bed["sge_host"])
 
 
 def test_a_job_in_error_is_a_failure_with_its_reason_not_pending(alice, queue):
@@ -139,7 +138,7 @@ def test_hpcdl_launch_joins_ranks_in_containers_into_one_horovod_world(bed, alic
     text = out.read_text()
     ranks = sorted((json.loads(line) for line in text.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
     assert info.exit_code == "0", text[-3000:]
-    assert [(r["rank"], r["size"], r["node"]) for r in ranks] == [(0, 2, socket.gethostname()), (1, 2, socket.gethostname())]
+    assert [(r["rank"], r["size"], r["node"]) for r in ranks] == [(0, 2, bed["sge_host"]), (1, 2, bed["sge_host"])]
     assert all(r["allreduce_sum"] == 3.0 and r["image"] == bed["identity"] and r["uid"] == alice.uid for r in ranks)
 
 
