@@ -89,7 +89,7 @@ def _supervise_task(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: ended.set())
     while proc.poll() is None:
         if ended.wait(0.2):
-            _end([proc])
+            _end([proc], GRACE_S + 20)  # longer than the container runner's own stop (it ends the whole tree)
             break
     return proc.wait()
 
@@ -203,7 +203,7 @@ def run_local(args, command: list[str]) -> tuple[int, str]:
             ranks.start(slot.rank, command, {**os.environ, **gloo_env(slot, server.rank_address("127.0.0.1"), server.port, "lo")})
         return ranks.watch(args.time_limit)
     except _Stopped as e:
-        ranks.close()
+        _end(ranks.procs)  # with the grace: the ranks may checkpoint
         return 128 + e.signum, f"stopped by {e}"
     finally:
         ranks.close()
@@ -236,11 +236,15 @@ def run_batch(args, command: list[str], sched) -> tuple[int, str]:
             code = subprocess.call(sched.step_argv(size, args.label, rank_argv()), env=env)
             return code, f"{sched.step_argv(1, False, [])[0]} exited with {code}"
         spec = ",".join(f"{h}:{n}" for h, n in hosts)
+        names = [RENDEZVOUS_ENV, *(n for n in args.env if n in os.environ)]  # a task alone gets only what is named
         for slot in plan_slots(hosts):
-            ranks.start(slot.rank, sched.task_argv(slot.hostname, [RENDEZVOUS_ENV],
+            ranks.start(slot.rank, sched.task_argv(slot.hostname, names,
                                                    rank_argv(f"--slot={slot.rank}", f"--hosts={spec}")), env,
                         hold_stdin=True)
         return ranks.watch()
+    except _Stopped as e:
+        _end(ranks.procs)  # with the grace, as srun gives its tasks
+        return 128 + e.signum, f"stopped by {e}"
     finally:
         ranks.close()
         server.stop()
@@ -274,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.image:
         print("hpcdl-launch: give --image: the image whose container runs each rank", file=sys.stderr)
         return 2
+    elif not hasattr(sched, "step_argv") and not hasattr(sched, "task_argv"):
+        print(f"hpcdl-launch: starting ranks inside a {sched.name} job is not supported yet (Slurm and Grid Engine "
+              "are); give --local N to run N ranks on this node", file=sys.stderr)
+        return 2
     else:
         run = partial(run_batch, sched=sched)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -282,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         code, why = run(args, command)
     except _Stopped as e:
         code, why = 128 + e.signum, f"stopped by {e}"
+    except ValueError as e:  # what the batch system gave this job cannot hold the ranks (no PE, say)
+        code, why = 2, str(e)
     print(f"hpcdl-launch: {why}", file=sys.stderr, flush=True)
     if args.status_file:
         write_status(args.status_file, code, why)

@@ -47,7 +47,7 @@ def test_header_several_nodes_uses_the_per_node_pe_and_memory_per_slot():
     sge = GridEngine(pe_multi_node="gpu{gpus_per_node}", extra_directives=["-P ml", "-l scratch=10G"])
     req = JobRequest("gpu", 2, 4, 60, "base", "x", memory_gb=64, gpu_type="a100", reservation="17")
     lines = sge.header(req, "n", "/o", "/w")
-    assert "#$ -pe gpu4 8" in lines and "#$ -l h_rt=01:00:00,gpu=1,gpu_type=a100,h_vmem=16384M" in lines
+    assert "#$ -pe gpu4 8" in lines and "#$ -l h_rt=01:00:00,gpu=1,gpu_type=a100,mem_free=16384M" in lines
     assert "#$ -ar 17" in lines and lines[-2:] == ["#$ -P ml", "#$ -l scratch=10G"]
 
 
@@ -187,3 +187,44 @@ def test_a_task_alone_is_quoted_for_the_remote_shell():
     assert shlex.split(argv[5]) == ["python3", "-c", "print('a b'); import sys"]  # one word each, as given
     assert Slurm().step_argv(4, True, ["x"]) == ["srun", "--kill-on-bad-exit=1", "--distribution=block", "--ntasks=4",
                                                  "--label", "x"]
+
+
+def test_an_accounting_that_cannot_be_read_ends_the_job_not_the_queue():
+    sge = GridEngine()
+    unknown = "<?xml version='1.0'?>\n<unknown_jobs >\n <ST_name>9</ST_name>\n</unknown_jobs>\n"
+
+    async def runner(argv, timeout):
+        if argv[0] == "qacct":
+            return Result(argv, 1, "", "error: accounting file /var/lib/gridengine/default/common/accounting: Permission denied")
+        return Result(argv, 0, rec("qstat-running-pending.xml") if argv[1] == "-u" else unknown, "")
+
+    async def go():
+        queue = JobQueue(sge, interval=60, runner=runner)
+        return await queue.job("9"), queue.reachable
+
+    info, reachable = asyncio.run(go())
+    assert reachable and info.phase == ENDED and "accounting could not be read" in info.reason
+
+
+def test_accounting_without_a_failed_value_and_details_that_do_not_parse():
+    text = rec("qacct-exit3.txt").replace("failed       0    ", "failed")
+    assert GridEngine().parse_job(text).exit_code == "3"
+
+    async def runner(argv, timeout):
+        return Result(argv, 0, rec("qstat-running-pending.xml") if argv[1] == "-u" else "<djob_info><element>", "")
+
+    async def go():
+        queue = JobQueue(GridEngine(), interval=60, runner=runner)
+        return await queue.job("2"), await queue.job("5")
+
+    waiting, gone = asyncio.run(go())
+    assert waiting.phase == PENDING and waiting.reason == ""  # the listing's answer stands
+    assert gone.phase == "unknown"  # an unreadable answer about a job that left the queue: not "ended"
+
+
+def test_launch_in_a_job_it_cannot_start_ranks_in_says_so(monkeypatch, capsys):
+    from jupyter_hpcdl import launch
+
+    monkeypatch.setattr(os, "environ", {"PBS_JOBID": "12.server", "PATH": "/usr/bin"})
+    assert launch.main(["--image=hpcdl/base:latest", "--", "true"]) == 2
+    assert "inside a pbs job is not supported yet" in capsys.readouterr().err

@@ -87,7 +87,8 @@ class GridEngine(Scheduler):
                             "site layout).").tag(config=True)
     gpu_resource = Unicode("gpu", help="The consumable complex that counts GPUs (per slot).").tag(config=True)
     gpu_type_resource = Unicode("gpu_type", help="The complex a GPU type is asked for with (-l NAME=TYPE).").tag(config=True)
-    memory_resource = Unicode("h_vmem", help="The complex memory is asked for with (per slot).").tag(config=True)
+    memory_resource = Unicode("mem_free", help="The complex memory is asked for with (per slot). Not h_vmem: "
+                              "it limits address space, which CUDA's runtime reserves by the terabyte.").tag(config=True)
 
     def options(self, req: JobRequest, job_name: str, output: str, workdir: str, comment: str = "") -> list[str]:
         slots = max(req.gpus_per_node, 1)
@@ -176,9 +177,10 @@ class GridEngine(Scheduler):
         job_id = fields.get("jobnumber", "")
         if not _JOB_ID.fullmatch(job_id):
             return None
-        failed, status = fields.get("failed", "0"), fields.get("exit_status", "")
-        state = "FAILED" if failed.split()[0] != "0" or status not in ("", "0") else "COMPLETED"
-        reason = f"failed {failed}" if failed.split()[0] != "0" else (f"exit status {status}" if status not in ("", "0") else "")
+        failed, status = fields.get("failed", "0") or "0", fields.get("exit_status", "")
+        broke = failed.split()[0] != "0"  # Grid Engine's own failure code (e.g. 100: the job was killed)
+        state = "FAILED" if broke or status not in ("", "0") else "COMPLETED"
+        reason = f"failed {failed}" if broke else (f"exit status {status}" if status not in ("", "0") else "")
         return JobInfo(job_id, ENDED, state, reason, batch_host=fields.get("hostname", ""), exit_code=status,
                        user=fields.get("owner", ""))
 

@@ -112,13 +112,20 @@ class OrphanSweeper:
         named = await self.queue.ask(scheduler.named_jobs_argv(self.job_name), "listing the hub's jobs")
         if named.returncode:
             raise SchedulerUnreachable(named.failure("listing the hub's jobs"))
-        suspects = find_suspects(self.queue.jobs(), scheduler.parse_job_ids(named.stdout, self.job_name), self.owned())
+        try:
+            named_ids = scheduler.parse_job_ids(named.stdout, self.job_name)
+        except ValueError as e:
+            raise SchedulerUnreachable(f"listing the hub's jobs: {e}") from None
+        suspects = find_suspects(self.queue.jobs(), named_ids, self.owned())
         found = []
         for job in suspects:
             if job.job_id not in self.suspects:
                 continue  # first seen unowned now: a spawn may be about to record it
             comment = await self.queue.ask(scheduler.comment_argv(job.job_id), f"reading job {job.job_id}'s comment")
-            mark = is_orphan(job, scheduler.parse_comment(comment.stdout), self.hub) if comment.returncode == 0 else None
+            try:
+                mark = is_orphan(job, scheduler.parse_comment(comment.stdout), self.hub) if comment.returncode == 0 else None
+            except ValueError:  # a comment that cannot be read is no mark: never cancelled on it
+                mark = None
             if mark is not None:
                 found.append((job, mark))
         self.suspects = {job.job_id for job in suspects}

@@ -130,7 +130,10 @@ class JobQueue:
                 ended = await self._ask_job(self.scheduler.job_argv(job_id), f"asking about job {job_id}")
                 accounting = self.scheduler.accounting_argv(job_id)
                 if ended is None and accounting:  # gone from the scheduler's memory: its accounting may know
-                    ended = await self._ask_job(accounting, f"reading job {job_id}'s accounting")
+                    try:
+                        ended = await self._ask_job(accounting, f"reading job {job_id}'s accounting")
+                    except SchedulerUnreachable as e:  # the job is gone either way: never the whole queue UNKNOWN
+                        ended = JobInfo(job_id, ENDED, "ENDED", f"left the queue; its accounting could not be read ({e})")
             except SchedulerUnreachable as e:
                 self._failed(str(e))
                 return self.unknown(job_id)
@@ -146,17 +149,19 @@ class JobQueue:
         result = await self.ask(argv, what)
         if result.returncode and not self.scheduler.job_forgotten(result.stderr + result.stdout):
             raise SchedulerUnreachable(result.failure(what))
-        return self.scheduler.parse_job(result.stdout) if result.returncode == 0 else None
+        try:
+            return self.scheduler.parse_job(result.stdout) if result.returncode == 0 else None
+        except ValueError as e:  # an answer that cannot be read is no answer
+            raise SchedulerUnreachable(f"{what}: {e}") from None
 
     async def _pending_reason(self, info: JobInfo) -> JobInfo:
         """A pending job with the reason its details give (asked once per reading of the queue)."""
         key = (info.job_id, self._read_at)
         if self._reasons.get(info.job_id, ((), ""))[0] != key:
             try:
-                result = await self.ask(self.scheduler.job_argv(info.job_id), f"asking why job {info.job_id} waits")
+                detail = await self._ask_job(self.scheduler.job_argv(info.job_id), f"asking why job {info.job_id} waits")
             except SchedulerUnreachable:
                 return info  # the listing's answer stands; the next reading asks again
-            detail = self.scheduler.parse_job(result.stdout) if result.returncode == 0 else None
             self._reasons[info.job_id] = (key, detail.reason if detail and detail.phase == PENDING else "")
             if detail is not None and detail.phase == ENDED:
                 self._ended[info.job_id] = detail

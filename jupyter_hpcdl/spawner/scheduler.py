@@ -64,8 +64,9 @@ class Scheduler(Configurable):
                             "(Slurm: '--qos=interactive', '--constraint=a100'; Grid Engine: '-P project', "
                             "'-l scratch=10G'); they come after the ones built from the request.").tag(config=True)
     prologue = List(Unicode(), help="Shell lines every job script runs first (e.g. 'module load cuda/12.2').").tag(config=True)
-    epilogue = List(Unicode(), help="Shell lines every job script runs last, whatever the server's end (a clean-up); "
-                    "the script then exits with the server's code.").tag(config=True)
+    epilogue = List(Unicode(), help="Shell lines every job script runs after the server exits, with or without an "
+                    "error (not when the job is cancelled or out of time: use the scheduler's own epilog for what must "
+                    "always run); the script then exits with the server's code.").tag(config=True)
 
     @validate("extra_directives", "prologue", "epilogue")
     def _one_line_each(self, proposal):

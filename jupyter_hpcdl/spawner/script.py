@@ -47,7 +47,7 @@ def build_batch_script(req: JobRequest, scheduler: Scheduler, ctx: ScriptContext
         f'export HPCDL_JOB_ID="${{{scheduler.job_id_env}:-}}" HPCDL_NODE="${{{scheduler.node_env}:-}}"',
     ]
     if scheduler.epilogue:  # the server runs as a child, so the site's epilogue runs after it, whatever its end
-        lines += ["code=0", f"{run} || code=$?", "set +e", "# the site's epilogue", *scheduler.epilogue, 'exit "$code"']
+        lines += ["code=0", f"{run} || code=$?", "set +eu", "# the site's epilogue", *scheduler.epilogue, 'exit "$code"']
     else:
         lines.append("exec " + run)
     return "\n".join(lines) + "\n"

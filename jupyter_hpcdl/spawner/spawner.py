@@ -334,6 +334,9 @@ class HpcdlSpawner(Spawner):
                 + (f", exit code {info.exit_code}" if info.exit_code else "")) if info else \
             f"job {self.job_id} is no longer known to the scheduler"
         tail = self._log_tail()
+        if info is not None and info.job_id in self.queue.jobs():  # ended, yet held (Grid Engine's Eqw): let it go
+            await self._cancel(info.job_id)
+        await self._remove_env_file()
         self._forget_job(what)
         return what + (f"\nLast lines of its log ({self.log_path(info.job_id if info else '')}):\n{tail}" if tail else "")
 
