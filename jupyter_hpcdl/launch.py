@@ -233,8 +233,9 @@ def run_batch(args, command: list[str], sched) -> tuple[int, str]:
     ranks = _Ranks(args.label)
     try:
         if hasattr(sched, "step_argv"):
-            code = subprocess.call(sched.step_argv(size, args.label, rank_argv()), env=env)
-            return code, f"{sched.step_argv(1, False, [])[0]} exited with {code}"
+            step = sched.step_argv(size, args.label, rank_argv())
+            code = subprocess.call(step, env=env)
+            return code, f"{step[0]} exited with {code}"
         spec = ",".join(f"{h}:{n}" for h, n in hosts)
         names = [RENDEZVOUS_ENV, *(n for n in args.env if n in os.environ)]  # a task alone gets only what is named
         for slot in plan_slots(hosts):

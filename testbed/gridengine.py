@@ -16,7 +16,8 @@ from daemons import Daemon, wait_for
 ROOT = Path("/var/lib/gridengine")
 CELL = "default"
 SPOOL = Path("/var/spool/gridengine")
-ENV = {"SGE_ROOT": str(ROOT), "SGE_CELL": CELL, "SGE_ND": "1"}
+CLIENT_ENV = {"SGE_ROOT": str(ROOT), "SGE_CELL": CELL}
+ENV = {**CLIENT_ENV, "SGE_ND": "1"}  # the daemons stay in the foreground, so the bed records their pids
 QUEUE = config.PARTITION  # the same names as Slurm's partitions, so the site profile carries over unchanged
 QUEUES = (config.PARTITION, config.CPU_PARTITION)
 PES = {"smp": "$pe_slots", **{f"mpi-{n}": str(n) for n in range(1, config.GPUS_PER_NODE + 1)}}
@@ -26,8 +27,7 @@ def host() -> str:
     """This machine as Grid Engine names it (its resolver, with the cell's host aliases), which is what queue
     instances and $PE_HOSTFILE say; the plain host name where that tool fails."""
     try:
-        out = subprocess.run(["/usr/lib/gridengine/gethostname", "-aname"], text=True, capture_output=True, timeout=30,
-                             env={**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL}).stdout.strip()
+        out = client(["/usr/lib/gridengine/gethostname", "-aname"]).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     return out or socket.gethostname()
@@ -37,9 +37,14 @@ def installed() -> bool:
     return Path("/usr/sbin/sge_qmaster").exists() and (ROOT / CELL / "common/bootstrap").exists()
 
 
+def client(argv: list[str], timeout: float = 30, **env: str) -> subprocess.CompletedProcess:
+    """A Grid Engine client command for this cell (output captured, never waiting past ``timeout``)."""
+    return subprocess.run(argv, text=True, capture_output=True, timeout=timeout,
+                          env={**os.environ, **CLIENT_ENV, **env})
+
+
 def qconf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL, "EDITOR": "false"}
-    proc = subprocess.run(["qconf", *args], text=True, capture_output=True, env=env, timeout=60)
+    proc = client(["qconf", *args], timeout=60, EDITOR="false")
     if check and proc.returncode:
         raise RuntimeError(f"qconf {' '.join(args)} failed: {(proc.stderr or proc.stdout).strip()}")
     return proc
@@ -61,8 +66,7 @@ def daemons(state: Path) -> list[Daemon]:
 
 
 def host_up(host: str) -> bool:
-    out = subprocess.run(["qhost", "-h", host], text=True, capture_output=True, timeout=30,
-                         env={**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL}).stdout
+    out = client(["qhost", "-h", host]).stdout
     return any(line.split()[:1] == [host] and line.split()[3:4] != ["-"] for line in out.splitlines())
 
 
@@ -162,8 +166,7 @@ def configure(state: Path) -> bool:
             f.write(script)
         os.chmod(f.name, 0o755)
         try:
-            env = {**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL, "EDITOR": f.name}
-            subprocess.run(["qconf", "-mconf", "global"], env=env, capture_output=True, timeout=60, check=True)
+            client(["qconf", "-mconf", "global"], timeout=60, EDITOR=f.name).check_returncode()
         finally:
             os.unlink(f.name)
         changed = True
@@ -187,15 +190,13 @@ def up(state: Path, log) -> None:
 
 
 def _queue_ok(host: str) -> bool:
-    env = {**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL}
-    out = subprocess.run(["qstat", "-f", "-q", f"{QUEUE}@{host}"], text=True, capture_output=True, env=env,
-                         timeout=30).stdout
+    out = client(["qstat", "-f", "-q", f"{QUEUE}@{host}"]).stdout
     for line in out.splitlines():
         if line.startswith(f"{QUEUE}@"):
             fields = line.split()
             if len(fields) > 5:  # a state column: u(nknown), E(rror), d(isabled)...
-                subprocess.run(["qmod", "-c", f"{QUEUE}@{host}"], env=env, capture_output=True, timeout=30)
-                subprocess.run(["qmod", "-e", f"{QUEUE}@{host}"], env=env, capture_output=True, timeout=30)
+                client(["qmod", "-c", f"{QUEUE}@{host}"])
+                client(["qmod", "-e", f"{QUEUE}@{host}"])
                 return False
             return True
     return False
@@ -203,13 +204,11 @@ def _queue_ok(host: str) -> bool:
 
 def cancel_jobs(timeout: float = 60) -> None:
     """Delete every job (as the manager) and wait until none is left."""
-    env = {**os.environ, "SGE_ROOT": str(ROOT), "SGE_CELL": CELL}
-
     def none_left() -> bool:
-        out = subprocess.run(["qstat", "-u", "*"], text=True, capture_output=True, env=env, timeout=30)
+        out = client(["qstat", "-u", "*"])
         return out.returncode == 0 and not out.stdout.strip()
 
     if none_left():
         return
-    subprocess.run(["qdel", "-f", "-u", "*"], env=env, capture_output=True, timeout=60)
+    client(["qdel", "-f", "-u", "*"], timeout=60)
     wait_for(none_left, timeout, "Grid Engine jobs to end")

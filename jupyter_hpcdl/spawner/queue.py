@@ -39,7 +39,7 @@ class JobQueue:
         self._tried_at = -1e9
         self._lock = asyncio.Lock()
         self._ended: dict[str, JobInfo] = {}
-        self._reasons: dict[str, tuple[tuple, str]] = {}  # job → (the reading it was asked at, why it waits)
+        self._reasons: dict[str, tuple[float, str]] = {}  # job → (the reading it was asked at, why it waits)
 
     @property
     def reachable(self) -> bool:
@@ -156,13 +156,12 @@ class JobQueue:
 
     async def _pending_reason(self, info: JobInfo) -> JobInfo:
         """A pending job with the reason its details give (asked once per reading of the queue)."""
-        key = (info.job_id, self._read_at)
-        if self._reasons.get(info.job_id, ((), ""))[0] != key:
+        if self._reasons.get(info.job_id, (None, ""))[0] != self._read_at:
             try:
                 detail = await self._ask_job(self.scheduler.job_argv(info.job_id), f"asking why job {info.job_id} waits")
             except SchedulerUnreachable:
                 return info  # the listing's answer stands; the next reading asks again
-            self._reasons[info.job_id] = (key, detail.reason if detail and detail.phase == PENDING else "")
+            self._reasons[info.job_id] = (self._read_at, detail.reason if detail and detail.phase == PENDING else "")
             if detail is not None and detail.phase == ENDED:
                 self._ended[info.job_id] = detail
                 return detail
