@@ -1,15 +1,16 @@
-"""The allocation's owner, on the host side of a batch job (beside srun and the scheduler's client): it describes the
-allocation and starts the training engines in it, each inside the user's container, when a kernel asks.
+"""The allocation's owner, on the host side of a batch job (beside the scheduler's client): it describes the
+allocation and starts the training engines in it, each inside the user's container, when a kernel asks. What it
+asks the batch system goes through the job's adapter (``jupyter_hpcdl.spawner.scheduler``): it names no command.
 
-Kernels run inside containers, where there is no srun and no scheduler: they ask this owner over a Unix socket in the
+Kernels run inside containers, where there is no scheduler client: they ask this owner over a Unix socket in the
 user's private job directory (file permissions are the authentication). The Jupyter server extension
 (``jupyter_hpcdl.serverext``) runs it for the job that runs the user's JupyterLab.
 
 The owner and its router :func:`handle` are asynchronous: the extension serves them on JupyterLab's own event loop
-(which alone owns the owner's state), so a slow ``sbatch`` or ``squeue`` must not stall every other request of the
+(which alone owns the owner's state), so a slow submission or query must not stall every other request of the
 lab. Each command runs as an asyncio subprocess with a deadline, and a command past it is killed with its process
 group and named in the error ("sbatch did not answer in 60 s"). The synchronous parts are for where there is no
-loop: the kernels' client :func:`request` and :func:`squeue_time_left` / :func:`hostnames`, and
+loop: the kernels' client :func:`request`, :func:`job_time_left`, and
 :meth:`AllocationOwner.stop_all_sync` for ``atexit``."""
 from __future__ import annotations
 
@@ -25,20 +26,26 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import httpx
 
+from typing import TYPE_CHECKING
+
 from .containers.kernelspec import KERNEL_ENV, in_container_argv
 from .containers.spec import check_image_ref
-from .jobvalues import gres_count
+from .tasks import TASK_NODE_ENV, TASK_RANK_ENV
+
+if TYPE_CHECKING:
+    from .spawner.scheduler import JobResources, Scheduler
 
 SOCKET_ENV = "HPCDL_ALLOCATION_FILE"
-#: Deadlines, in seconds: for sbatch and scancel; for the queries (squeue, scontrol show hostnames); and how long an
-#: engine step has between SIGTERM and SIGKILL.
+#: Deadlines, in seconds: for submitting and cancelling; for the queries (time left, hosts); and how long the
+#: engines' tasks have between SIGTERM and SIGKILL.
 COMMAND_TIMEOUT_S = 60.0
 QUERY_TIMEOUT_S = 15.0
 STOP_GRACE_S = 30.0
 #: What MPI in the container needs from srun's PMIx: its per-task variables, and its rendezvous under /tmp.
 MPI_IN_CONTAINER = ("--env-prefix=PMIX_", "--env-prefix=SLURM_", "--env-prefix=OMPI_", "--volume=/tmp")
-#: What an engine in a container gets by name: the kernel's variables, its Slurm task, and ipyparallel's cluster.
-ENGINE_ENV = (*KERNEL_ENV, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+#: What an engine in a container gets by name: the kernel's variables, its task (the batch system's or
+#: jupyter_hpcdl.tasks'), and ipyparallel's cluster.
+ENGINE_ENV = (*KERNEL_ENV, TASK_RANK_ENV, TASK_NODE_ENV, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
               "SLURM_STEP_NODELIST", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR", "IPP_CONNECTION_INFO")
 
 
@@ -52,24 +59,23 @@ def default_socket_path(job_id: str) -> str:
     return os.path.expanduser(f"~/.jupyter-hpcdl/jobs/{job_id}/allocation.sock")
 
 
-def engine_srun_argv(ranks: int, nodes: int, image: str, connection_file: str, python: str = sys.executable,
-                     gpus_per_rank: int = 0, mpi: bool = False) -> list[str]:
-    """srun that starts ``ranks`` ipyparallel engines spread block-wise over ``nodes`` nodes, each in the user's
-    container for ``image`` (created on first use), with its own GPU where there are GPUs."""
+def engines_argv(ranks: int, image: str, connection_file: str, python: str = sys.executable,
+                 gpus_per_rank: int = 0, mpi: bool = False, env: Mapping[str, str] | None = None) -> list[str]:
+    """``ranks`` ipyparallel engines as tasks over the job's allocation (``jupyter_hpcdl.tasks``: block-wise, the
+    batch system's way), each in the user's container for ``image`` (created on first use), each with its own
+    GPU(s). ``env``: where the variables an engine gets by name are looked up (those set are passed to tasks that
+    are started alone)."""
     check_image_ref(image)
-    if ranks < 1 or nodes < 1 or ranks < nodes:
-        raise ValueError(f"need at least one rank per node: {ranks} ranks on {nodes} nodes")
+    if not 1 <= ranks <= 4096 or not 0 <= gpus_per_rank <= 16:
+        raise ValueError(f"need 1 to 4096 ranks with 0 to 16 GPUs each, not {ranks} with {gpus_per_rank}")
     if not os.path.isabs(connection_file) or "\n" in connection_file:
         raise ValueError("the connection file must be an absolute path")
-    argv = ["srun", f"--ntasks={ranks}", f"--nodes={nodes}", "--distribution=block", "--kill-on-bad-exit=0",
-            "--job-name=hpcdl-engines"]
-    if gpus_per_rank:
-        argv.append(f"--gpus-per-task={gpus_per_rank}")
-    if mpi:
-        argv.append("--mpi=pmix")  # the ranks' MPI world comes from srun
-    return argv + in_container_argv(image, python, ENGINE_ENV,
-                                    ["python3", "-m", "ipyparallel.engine", f"--file={connection_file}", "--quiet"],
-                                    MPI_IN_CONTAINER if mpi else ())
+    names = [n for n in ENGINE_ENV if n in (os.environ if env is None else env)]
+    return [python, "-m", "jupyter_hpcdl.tasks", f"--ranks={ranks}", f"--gpus-per-rank={gpus_per_rank}",
+            "--name=hpcdl-engines", *(["--mpi"] if mpi else []), *(f"--env={n}" for n in names), "--",
+            *in_container_argv(image, python, ENGINE_ENV,
+                               ["python3", "-m", "ipyparallel.engine", f"--file={connection_file}", "--quiet"],
+                               MPI_IN_CONTAINER if mpi else ())]
 
 
 SESSION_STATES = ("none", "starting", "idle", "training", "stopped", "failed", "walltime")
@@ -79,16 +85,6 @@ SESSION_KEEP_S = 3600.0
 MAX_SESSIONS = 32
 RANK_FIELDS = {"rank": int, "node": str, "gpu": str, "state": str, "straggler": bool, "loss": float,
                "samples_per_s": float}
-
-
-def parse_time_left(text: str) -> int | None:
-    """Seconds in squeue's ``%L`` ("[days-]hours:minutes:seconds", "minutes:seconds"), or None for UNLIMITED,
-    NOT_SET, INVALID or anything else."""
-    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
-    if not m:
-        return None
-    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def _hung(argv: Sequence[str], timeout: float) -> TimeoutError:
@@ -133,31 +129,40 @@ async def run_command_async(argv: Sequence[str], timeout: float, env: Mapping[st
                                        err.decode(errors="replace"))
 
 
-def _squeue(job_id: str, fields: str) -> list[str]:
-    return ["squeue", "-h", "-j", job_id, "-o", fields]
+def _scheduler(env: Mapping[str, str]) -> Scheduler | None:
+    from .spawner.scheduler import job_scheduler
+
+    return job_scheduler(env)
 
 
-def _time_left(out: subprocess.CompletedProcess[str]) -> int | None:
-    return parse_time_left(out.stdout) if out.returncode == 0 else None
+def _resources(sched: Scheduler, out: subprocess.CompletedProcess[str]) -> JobResources | None:
+    return sched.parse_resources(out.stdout, time.time()) if out.returncode == 0 else None
 
 
-def squeue_time_left(job_id: str, timeout: float = QUERY_TIMEOUT_S, env: Mapping[str, str] | None = None
-                     ) -> int | None:
-    """Seconds left for ``job_id`` as squeue says (``%L``), or None (no limit, the job is not known, or squeue did
-    not answer in ``timeout`` seconds)."""
-    try:
-        return _time_left(run_command(_squeue(job_id, "%L"), timeout, env))
-    except OSError:
+def job_time_left(job_id: str | None = None, sched: Scheduler | None = None, timeout: float = QUERY_TIMEOUT_S,
+                  env: Mapping[str, str] | None = None) -> int | None:
+    """Seconds left for ``job_id`` (by default this process's job) as the batch system (by default this job's) says,
+    or None (no limit, not in a job, the job is not known, or the scheduler did not answer in ``timeout`` s)."""
+    env = os.environ if env is None else env
+    sched = sched or _scheduler(env)
+    job_id = job_id or (sched.job_id(env) if sched else "")
+    if sched is None or not job_id:
         return None
-
-
-async def squeue_time_left_async(job_id: str, timeout: float = QUERY_TIMEOUT_S,
-                                 env: Mapping[str, str] | None = None) -> int | None:
-    """:func:`squeue_time_left` on the event loop."""
     try:
-        return _time_left(await run_command_async(_squeue(job_id, "%L"), timeout, env))
-    except OSError:
+        found = _resources(sched, run_command(sched.resources_argv(job_id), timeout, env))
+    except (OSError, ValueError):
         return None
+    return found.time_left_s if found else None
+
+
+async def job_time_left_async(sched: Scheduler, job_id: str, env: Mapping[str, str],
+                              timeout: float = QUERY_TIMEOUT_S) -> int | None:
+    """:func:`job_time_left` on the event loop."""
+    try:
+        found = _resources(sched, await run_command_async(sched.resources_argv(job_id), timeout, env))
+    except (OSError, ValueError):
+        return None
+    return found.time_left_s if found else None
 
 
 def session_report(body: dict) -> dict:
@@ -194,21 +199,6 @@ def session_report(body: dict) -> dict:
     return {"id": session_id, "session": state, "ranks": clean, **({"message": message[:500]} if message else {})}
 
 
-def _hostnames(out: subprocess.CompletedProcess[str]) -> list[str]:
-    out.check_returncode()
-    return out.stdout.split()
-
-
-def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
-    """The nodes of a Slurm node list ("node[1-2]"), as ``scontrol show hostnames`` expands it."""
-    return _hostnames(run_command(["scontrol", "show", "hostnames", nodelist], QUERY_TIMEOUT_S, env))
-
-
-async def hostnames_async(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
-    """:func:`hostnames` on the event loop."""
-    return _hostnames(await run_command_async(["scontrol", "show", "hostnames", nodelist], QUERY_TIMEOUT_S, env))
-
-
 def _start_step(argv: list[str], log_path: str, env: Mapping[str, str]) -> subprocess.Popen:
     """Start an engine step in a process group of its own, its output appended to ``log_path``; this does not wait
     for it (a fork and an exec), so the event loop may call it."""
@@ -237,25 +227,37 @@ class AllocationOwner:
 
     def __init__(self, environ: Mapping[str, str] | None = None):
         self.environ = dict(os.environ if environ is None else environ)
-        self.job_id = self.environ.get("SLURM_JOB_ID", "")
+        self.sched = _scheduler(self.environ)  # the batch system of the job this runs in, or None
+        self.job_id = self.sched.job_id(self.environ) if self.sched else ""
         self._steps: list[subprocess.Popen] = []
         self._jobs: set[str] = set()  # new allocations submitted for kernels (cancelled when the server ends)
         self._known: set[str] = set()  # every job submitted for kernels (batch runs too, which outlive the server)
         self.sessions: dict[str, tuple[float, dict]] = {}  # by session id: (when reported, report)
 
+    async def hosts(self) -> list[tuple[str, int]]:
+        """The job's hosts and their task slots."""
+        argv = self.sched.hosts_argv(self.environ)
+        out = (await run_command_async(argv, QUERY_TIMEOUT_S, self.environ)) if argv else None
+        if out is not None and out.returncode:
+            raise ValueError(f"{argv[0]} could not list the job's hosts: {out.stderr.strip()[:300]}")
+        return self.sched.parse_hosts(out.stdout if out else "", self.environ)
+
     async def describe(self) -> dict:
         if not self.job_id:
             return {"in_job": False, "job_id": None,
-                    "message": "Not in a batch job: this server runs outside Slurm, so training sessions start "
-                               "their ranks as local engines on this machine."}
-        nodes = await hostnames_async(self.environ.get("SLURM_JOB_NODELIST", ""), self.environ)
-        left = await run_command_async(_squeue(self.job_id, "%L|%P|%b"), QUERY_TIMEOUT_S, self.environ)
+                    "message": "Not in a batch job: this server runs outside a batch system, so training sessions "
+                               "start their ranks as local engines on this machine."}
+        hosts = await self.hosts()
+        out = await run_command_async(self.sched.resources_argv(self.job_id), QUERY_TIMEOUT_S, self.environ)
+        found = _resources(self.sched, out)
         now = time.time()
-        time_left, partition, gres = (left.stdout.strip().split("|") + ["", "", ""])[:3]
-        return {"in_job": True, "job_id": self.job_id, "nodes": nodes, "partition": partition, "gres": gres,
-                "host_python": sys.executable,
-                "gpus_per_node": gres_count(gres), "time_left": time_left,
-                "time_left_s": parse_time_left(time_left),
+        gpus = None
+        if found is not None:
+            gpus = found.gpus_per_node if found.gpus_per_node is not None else (found.gpus_per_task or 0) * hosts[0][1]
+        return {"in_job": True, "job_id": self.job_id, "scheduler": self.sched.name, "nodes": [h for h, _ in hosts],
+                "slots": [n for _, n in hosts], "partition": found.partition if found else "",
+                "host_python": sys.executable, "gpus_per_node": gpus,
+                "time_left": found.time_left if found else "", "time_left_s": found.time_left_s if found else None,
                 "cuda_visible_devices": self.environ.get("CUDA_VISIBLE_DEVICES"),
                 "engine_steps": [{"pid": p.pid, "running": p.poll() is None} for p in self._steps],
                 **self.current_session(now), "all_sessions": self.all_sessions(now)}
@@ -300,12 +302,11 @@ class AllocationOwner:
 
     async def start_engines(self, ranks: int, image: str, connection_file: str, gpus_per_rank: int = 0,
                             mpi: bool = False) -> dict:
-        """Start one srun step of ``ranks`` engines (stopped by process group, on the loop or at exit); this returns
-        once it is started, not when the engines are up."""
+        """Start ``ranks`` engines as tasks over this job (one process group, stopped on the loop or at exit); this
+        returns once they are started, not when the engines are up."""
         if not self.job_id:
             raise ValueError("not inside a batch job")
-        nodes = min(len(await hostnames_async(self.environ["SLURM_JOB_NODELIST"], self.environ)), ranks)
-        argv = engine_srun_argv(ranks, nodes, image, connection_file, gpus_per_rank=gpus_per_rank, mpi=mpi)
+        argv = engines_argv(ranks, image, connection_file, gpus_per_rank=gpus_per_rank, mpi=mpi, env=self.environ)
         step = _start_step(argv, os.path.join(os.path.dirname(connection_file), f"engines-{len(self._steps)}.log"),
                            self.environ)
         self._steps.append(step)
@@ -315,19 +316,30 @@ class AllocationOwner:
         if job_id not in self._known:
             raise ValueError(f"job {job_id!r} was not submitted through this allocation's owner")
 
+    def _batch_system(self) -> Scheduler:
+        if self.sched is None:
+            raise ValueError("not inside a batch job: there is no batch system to submit to")
+        return self.sched
+
     async def submit_job(self, batch_file: str, keep: bool = False) -> dict:
-        """sbatch a kernel's batch script (the kernel, in its container, has no sbatch). The script must be a file in
-        the user's home; the job gets none of this job's SLURM_* variables. A job is cancelled when this server ends,
-        unless ``keep`` (a batch run, which is meant to outlive the notebook)."""
+        """Submit a kernel's batch script (the kernel, in its container, has no scheduler client). The script must
+        be a file in the user's home; the job gets none of this job's own variables that the submission would read
+        as options. A job is cancelled when this server ends, unless ``keep`` (a batch run, which is meant to
+        outlive the notebook)."""
+        sched = self._batch_system()
         home = os.path.realpath(os.path.expanduser("~"))
         path = os.path.realpath(batch_file) if isinstance(batch_file, str) else ""
         if not path.startswith(home + os.sep) or not os.path.isfile(path):
             raise ValueError("batch_file must be an existing file in your home directory")
-        env = {k: v for k, v in self.environ.items() if not k.startswith("SLURM_")}
-        out = await run_command_async(["sbatch", path], COMMAND_TIMEOUT_S, env)
+        try:
+            argv = sched.submit_file_argv(path)
+        except NotImplementedError:
+            raise ValueError(f"submitting jobs from a notebook is not supported on {sched.name} yet") from None
+        env = {k: v for k, v in self.environ.items() if not k.startswith(sched.job_env_prefixes or ("\0",))}
+        out = await run_command_async(argv, COMMAND_TIMEOUT_S, env)
         if out.returncode:
-            raise ValueError(f"sbatch refused the job: {out.stderr.strip() or out.stdout.strip()}")
-        job_id = re.search(r"\d+", out.stdout).group()
+            raise ValueError(f"{argv[0]} refused the job: {out.stderr.strip() or out.stdout.strip()}")
+        job_id = sched.parse_submit(out.stdout)
         self._known.add(job_id)
         if not keep:
             self._jobs.add(job_id)
@@ -338,27 +350,37 @@ class AllocationOwner:
         reason, and its walltime left, as the scheduler says. A job the scheduler has forgotten (some time after it
         ended) is "ended" with an empty state."""
         from .spawner.scheduler import ENDED, UNKNOWN
-        from .spawner.slurm import Slurm
 
         self._submitted(job_id)
-        slurm = Slurm()
+        sched = self._batch_system()
+
+        def unknown(why: str) -> dict:
+            return {"job_id": job_id, "phase": UNKNOWN, "state": "", "reason": why[:300], "time_left_s": None}
+
         try:
-            out = await run_command_async(slurm.job_argv(job_id), QUERY_TIMEOUT_S, self.environ)
-        except (OSError, TimeoutError) as e:
-            return {"job_id": job_id, "phase": UNKNOWN, "state": "", "reason": str(e), "time_left_s": None}
-        info = slurm.parse_job(out.stdout) if out.returncode == 0 else None
+            out = await run_command_async(sched.job_argv(job_id), QUERY_TIMEOUT_S, self.environ)
+            info = sched.parse_job(out.stdout) if out.returncode == 0 else None
+            if info is None and (out.returncode == 0 or sched.job_forgotten(out.stderr)):
+                accounting = sched.accounting_argv(job_id)
+                if accounting is None:
+                    return {"job_id": job_id, "phase": ENDED, "state": "", "reason": "", "time_left_s": None}
+                out = await run_command_async(accounting, QUERY_TIMEOUT_S, self.environ)
+                info = sched.parse_job(out.stdout) if out.returncode == 0 else None
+                if info is None:  # not (yet) in the accounting either
+                    return unknown(f"{accounting[0]} does not know job {job_id} (yet)")
+        except (OSError, TimeoutError, ValueError) as e:
+            return unknown(str(e))
         if info is None:
-            if slurm.job_forgotten(out.stderr):
-                return {"job_id": job_id, "phase": ENDED, "state": "", "reason": "", "time_left_s": None}
-            return {"job_id": job_id, "phase": UNKNOWN, "state": "", "reason": out.stderr.strip()[:300],
-                    "time_left_s": None}
-        time_left = await squeue_time_left_async(job_id, env=self.environ) if info.phase != ENDED else None
+            return unknown(out.stderr.strip())
+        running = info.phase != ENDED
+        time_left = await job_time_left_async(sched, job_id, self.environ) if running else None
         return {"job_id": job_id, "phase": info.phase, "state": info.state, "reason": info.reason,
                 "exit_code": info.exit_code, "time_left_s": time_left}
 
     async def cancel_job(self, job_id: str) -> dict:
         self._submitted(job_id)
-        (await run_command_async(["scancel", job_id], COMMAND_TIMEOUT_S, self.environ)).check_returncode()
+        argv = self._batch_system().cancel_argv(job_id)
+        (await run_command_async(argv, COMMAND_TIMEOUT_S, self.environ)).check_returncode()
         self._jobs.discard(job_id)  # still known: its state can be asked until the scheduler forgets it
         return {"cancelled": job_id}
 
@@ -378,9 +400,9 @@ class AllocationOwner:
         """When the server ends (``atexit``, the event loop gone): no engine step and no job it submitted outlives
         it. Best effort, blocking, with the same deadlines."""
         jobs, self._jobs = sorted(self._jobs), set()
-        if jobs:
+        for job_id in jobs if self.sched else ():
             try:
-                run_command(["scancel", *jobs], COMMAND_TIMEOUT_S, self.environ)
+                run_command(self.sched.cancel_argv(job_id), COMMAND_TIMEOUT_S, self.environ)
             except OSError:
                 pass
         for pause in _stopping(self._running_steps(), STOP_GRACE_S):
@@ -415,6 +437,9 @@ async def handle(owner: AllocationOwner, method: str, path: str, body: dict) -> 
         return 404, {"message": f"no {method} {path}"}
     except (ValueError, OSError, subprocess.SubprocessError) as e:
         return 400, {"message": str(e)}
+    except NotImplementedError:
+        name = owner.sched.name if owner.sched else "this batch system"
+        return 400, {"message": f"{method} {path} is not supported in a {name} job yet (Slurm and Grid Engine are)"}
 
 
 #: The kernels' default wait for the owner: longer than the owner's own deadline for a command, so that a kernel

@@ -3,8 +3,8 @@ collect what it left, without keeping the notebook open while it runs.
 
 The same calls work in two places:
 
-- in a jupyter-hpcdl job (the kernel in the user's container, with the allocation's owner beside it): a new Slurm job,
-  submitted by the owner, whose tasks are the ranks, each in the user's container (``hpcdl-launch``);
+- in a jupyter-hpcdl job (the kernel in the user's container, with the allocation's owner beside it): a new job of
+  that job's batch system (Slurm, Grid Engine), submitted by the owner, whose tasks are the ranks, each in the user's container (``hpcdl-launch``);
 - on a laptop or binder (no batch system): ``hpcdl-launch --local`` runs the ranks as processes of this machine, in
   a session of their own, so they outlive the kernel as a batch job would.
 
@@ -34,7 +34,9 @@ from .jobvalues import check_name, parse_walltime
 from .newjob import NewAllocation, batch_run_script, check_job_dir
 
 PENDING, RUNNING, ENDED, UNKNOWN = "pending", "running", "ended", "unknown"
-PLACES = ("auto", "slurm", "local")
+PLACES = ("auto", "batch", "local")
+#: Earlier names of a place, still taken.
+ALIASES = {"slurm": "batch"}
 #: Seconds for each question to the allocation's owner while watching (a query, not a submission).
 QUERY_TIMEOUT_S = 30.0
 ROOT_ENV = "HPCDL_BATCH_ROOT"
@@ -92,12 +94,13 @@ class BatchResult:
 
 
 def _resolve(where: str) -> str:
+    where = ALIASES.get(where, where)
     if where not in PLACES:
         raise ValueError(f"where must be one of {', '.join(PLACES)}, not {where!r}")
     if where == "auto":
-        return "slurm" if owner_socket() else "local"
-    if where == "slurm" and not owner_socket():
-        raise RuntimeError("where='slurm' submits through the allocation's owner of a jupyter-hpcdl job, and this "
+        return "batch" if owner_socket() else "local"
+    if where == "batch" and not owner_socket():
+        raise RuntimeError("where='batch' submits through the allocation's owner of a jupyter-hpcdl job, and this "
                            f"kernel has none (${SOCKET_ENV} unset): run it from your JupyterLab on the hub, or use "
                            "where='local' for ranks on this machine")
     return where
@@ -117,7 +120,7 @@ class BatchRun:
     def __init__(self, directory: Path, record: dict):
         self.directory = directory
         self.job_id: str = record["job_id"]
-        self.where: str = record["where"]
+        self.where: str = ALIASES.get(record["where"], record["where"])
         self._record = record
 
     def __repr__(self) -> str:
@@ -154,16 +157,24 @@ class BatchRun:
         check_job_dir(str(directory))
         alloc = NewAllocation(nodes=nodes, walltime=minutes, partition=partition, account=account,
                               gpus_per_rank=gpus_per_rank)
-        if where == "slurm":  # build (and check) the script before anything is made
+        scheduler = None
+        if where == "batch":  # build (and check) the script before anything is made
+            from .spawner.scheduler import load_scheduler
+
             sock = owner_socket()
-            host_python = request(sock, "GET", "/allocation", timeout=QUERY_TIMEOUT_S)["host_python"]
-            text = batch_run_script(alloc, ranks, str(directory), host_python, image, command, f"hpcdl-batch-{name}")
+            told = request(sock, "GET", "/allocation", timeout=QUERY_TIMEOUT_S)
+            if not told.get("in_job"):
+                raise RuntimeError("this kernel's server runs outside a batch job: there is no batch system to submit "
+                                   "to; use where='local' for ranks on this machine")
+            scheduler = told.get("scheduler") or "slurm"
+            text = batch_run_script(load_scheduler(scheduler), alloc, ranks, str(directory), told["host_python"], image,
+                                    command, f"hpcdl-batch-{name}")
         elif not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= 256:
             raise ValueError(f"ranks must be a whole number from 1 to 256 on this machine, not {ranks!r}")
         directory.mkdir(parents=True, exist_ok=False)
-        record = {"where": where, "name": name, "ranks": ranks, "command": command, "submitted_at": time.time()}
+        record = {"where": where, **({"scheduler": scheduler} if scheduler else {}), "name": name, "ranks": ranks, "command": command, "submitted_at": time.time()}
         try:
-            if where == "slurm":
+            if where == "batch":
                 job_file = directory / "job.sh"
                 job_file.write_text(text)
                 reply = request(sock, "POST", "/jobs", {"batch_file": str(job_file), "keep": True})
@@ -289,8 +300,11 @@ class BatchRun:
             return
         sock = owner_socket()
         if not sock:
+            from .spawner.scheduler import load_scheduler
+
+            how = " ".join(load_scheduler(self._record.get("scheduler", "slurm")).cancel_argv(self.job_id))
             raise RuntimeError(f"this kernel has no allocation owner to cancel job {self.job_id}: cancel it with "
-                               f"scancel {self.job_id} in a terminal")
+                               f"{how} in a terminal")
         request(sock, "DELETE", f"/jobs/{self.job_id}")
 
 

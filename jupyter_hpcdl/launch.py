@@ -22,11 +22,11 @@ import threading
 import time
 from functools import partial
 
-from .allocation import hostnames
 from .atomic import write_json
 from .containers.site import load_site
 from .spawner.scheduler import job_scheduler
-from .world import Slot, gloo_env, iface_for, plan_slots, slurm_hosts, slurm_slot
+from .tasks import job_hosts, supervise
+from .world import Slot, gloo_env, iface_for, plan_slots, task_slot
 
 GLOO_NAMES = tuple(gloo_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
 RENDEZVOUS_ENV = "HPCDL_RENDEZVOUS"
@@ -52,12 +52,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_rank(args, command: list[str]) -> int:
-    """Inside one task: compute this task's slot (from srun's variables, or the launcher's ``--slot``/``--hosts``)
-    and exec the command in the container."""
+    """Inside one task: its slot (from ``--slot``, or the batch system's task variables) in the launcher's
+    ``--hosts``, and exec the command in the container."""
+    hosts = _parse_hosts(args.hosts or "")
     if args.slot is not None:
-        slot = plan_slots(_parse_hosts(args.hosts or ""))[args.slot]
+        slot = task_slot(hosts, args.slot)
     else:
-        slot = slurm_slot(os.environ, hostnames(os.environ["SLURM_JOB_NODELIST"]))
+        sched = job_scheduler(os.environ)
+        if sched is None or not hasattr(sched, "task_index"):
+            print("hpcdl-launch --rank: not a task of a batch job's step (start ranks with hpcdl-launch)", file=sys.stderr)
+            return 2
+        slot = task_slot(hosts, *sched.task_index(os.environ))
     rendezvous = os.environ.pop(RENDEZVOUS_ENV, "")  # address and secret, from the launcher's environment
     if not rendezvous:
         print(f"hpcdl-launch --rank: ${RENDEZVOUS_ENV} is not set (start ranks with hpcdl-launch)", file=sys.stderr)
@@ -66,32 +71,8 @@ def run_rank(args, command: list[str]) -> int:
     names = [n for n in (*GLOO_NAMES, *PASS_THROUGH, *args.env) if n in os.environ]
     argv = [sys.executable, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), args.image, "--", *command]
     if args.slot is None:
-        os.execv(sys.executable, argv)  # srun's task: srun ends the whole step
-    return _supervise_task(argv)
-
-
-def _supervise_task(argv: list[str]) -> int:
-    """A task started alone (Grid Engine's ``qrsh -inherit``), whose end nobody else sees to: the launcher holds
-    this task's stdin open, so its end (or its ending the ranks) closes it, and the rank's tree is ended here."""
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-    ended = threading.Event()
-
-    def watch_stdin() -> None:
-        try:
-            while os.read(0, 4096):
-                pass
-        except OSError:
-            pass
-        ended.set()
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: ended.set())
-    while proc.poll() is None:
-        if ended.wait(0.2):
-            _end([proc], GRACE_S + 20)  # longer than the container runner's own stop (it ends the whole tree)
-            break
-    return proc.wait()
+        os.execv(sys.executable, argv)  # a step's task: the step ends them all
+    return supervise(argv)
 
 
 #: How long ranks have between SIGTERM and SIGKILL when the launcher ends them (a rank failed, the time limit, or
@@ -215,11 +196,8 @@ def run_batch(args, command: list[str], sched) -> tuple[int, str]:
     task per rank on batch systems that start tasks alone (Grid Engine's ``qrsh -inherit``)."""
     addr = args.rendezvous_addr or socket.gethostbyname(socket.gethostname())
     iface = args.iface or iface_for(addr)
-    if hasattr(sched, "step_argv"):
-        hosts = slurm_hosts(hostnames(os.environ["SLURM_JOB_NODELIST"]), os.environ["SLURM_TASKS_PER_NODE"])
-    else:
-        with open(os.environ.get("PE_HOSTFILE") or os.devnull) as f:
-            hosts = sched.parse_pe_hostfile(f.read())
+    hosts = job_hosts(sched, os.environ)
+    spec = ",".join(f"{h}:{n}" for h, n in hosts)
     size = sum(n for _, n in hosts)
     load_site().client().ensure_container(args.image)  # once, before the ranks (they share the home file system)
     server = _rendezvous(addr, hosts)
@@ -227,20 +205,19 @@ def run_batch(args, command: list[str], sched) -> tuple[int, str]:
     env = {**os.environ, RENDEZVOUS_ENV: server.rank_address(addr)}
 
     def rank_argv(*extra: str) -> list[str]:
-        return [sys.executable, "-m", "jupyter_hpcdl.launch", "--rank", *extra, f"--image={args.image}",
+        return [sys.executable, "-m", "jupyter_hpcdl.launch", "--rank", *extra, f"--hosts={spec}", f"--image={args.image}",
                 f"--port={server.port}", f"--iface={iface}", *(f"--env={n}" for n in args.env), "--", *command]
 
     ranks = _Ranks(args.label)
     try:
         if hasattr(sched, "step_argv"):
-            step = sched.step_argv(size, args.label, rank_argv())
+            step = sched.step_argv(size, rank_argv(), label=args.label)
             code = subprocess.call(step, env=env)
             return code, f"{step[0]} exited with {code}"
-        spec = ",".join(f"{h}:{n}" for h, n in hosts)
         names = [RENDEZVOUS_ENV, *(n for n in args.env if n in os.environ)]  # a task alone gets only what is named
         for slot in plan_slots(hosts):
             ranks.start(slot.rank, sched.task_argv(slot.hostname, names,
-                                                   rank_argv(f"--slot={slot.rank}", f"--hosts={spec}")), env,
+                                                   rank_argv(f"--slot={slot.rank}")), env,
                         hold_stdin=True)
         return ranks.watch()
     except _Stopped as e:
@@ -291,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         code, why = run(args, command)
     except _Stopped as e:
         code, why = 128 + e.signum, f"stopped by {e}"
-    except ValueError as e:  # what the batch system gave this job cannot hold the ranks (no PE, say)
+    except (ValueError, subprocess.SubprocessError) as e:  # what the batch system gave this job cannot hold the ranks (no PE, say)
         code, why = 2, str(e)
     print(f"hpcdl-launch: {why}", file=sys.stderr, flush=True)
     if args.status_file:

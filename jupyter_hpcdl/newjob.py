@@ -1,8 +1,9 @@
-"""The scripts of new batch jobs a kernel asks for, built here (pure, every value checked):
+"""The scripts of new batch jobs a kernel asks for, built here (pure, every value checked; the directives are the
+batch system's adapter's):
 
 - a new allocation for a training session's ranks: one batch job whose tasks are the ranks, each an ipyparallel
-  engine in the user's container; ipyparallel's Slurm engine launcher submits it, and cancels it when the session
-  ends;
+  engine in the user's container; ipyparallel's engine launcher for the batch system submits it, and cancels it
+  when the session ends;
 - a batch run (``jupyter_hpcdl.batch``): a command run as Horovod ranks by ``hpcdl-launch``, each in the user's
   container, which writes its exit code beside its output when it ends."""
 from __future__ import annotations
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .containers.spec import check_image_ref
-
-from .jobvalues import check_name, format_walltime, parse_walltime
+from .jobvalues import check_name, parse_walltime
+from .spawner.scheduler import RankJob, Scheduler
 
 
 @dataclass(frozen=True)
@@ -34,39 +35,37 @@ def _whole(kind: str, value, low: int, high: int) -> int:
     return value
 
 
-def _header(alloc: NewAllocation, ranks: int, job_name: str, ntasks: str, extra: list[str]) -> list[str]:
-    """The #SBATCH lines both scripts share, every value checked: ``ranks`` tasks (written as ``ntasks``, which may
-    be a template's placeholder) block-wise over ``alloc.nodes`` nodes, then ``extra`` directives."""
+def rank_job(alloc: NewAllocation, ranks: int, job_name: str, output: str, workdir: str | None = None) -> RankJob:
+    """``alloc`` for ``ranks`` tasks as the adapters take it, every value checked (ValueError says which)."""
     nodes = _whole("nodes", alloc.nodes, 1, 4096)
     _whole("ranks", ranks, nodes, 65536)
     gpus = _whole("gpus_per_rank", alloc.gpus_per_rank, 0, 16)
-    lines = ["#!/bin/sh", f"#SBATCH --job-name={job_name}", "#SBATCH --export=ALL", f"#SBATCH --nodes={nodes}",
-             f"#SBATCH --ntasks={ntasks}", "#SBATCH --distribution=block",
-             f"#SBATCH --time={format_walltime(parse_walltime(alloc.walltime))}",
-             *(f"#SBATCH {directive}" for directive in extra)]
-    if alloc.partition is not None:
-        lines.append(f"#SBATCH --partition={check_name('partition', alloc.partition)}")
-    if alloc.account is not None:
-        lines.append(f"#SBATCH --account={check_name('account', alloc.account)}")
-    if gpus:
-        lines.append(f"#SBATCH --gpus-per-task={gpus}")
-    return lines
+    return RankJob(job_name, nodes, ranks, parse_walltime(alloc.walltime), output, workdir,
+                   None if alloc.partition is None else check_name("partition", alloc.partition),
+                   None if alloc.account is None else check_name("account", alloc.account), gpus)
 
 
-def engines_job_template(alloc: NewAllocation, ranks: int, mpi: bool = False) -> str:
-    """The batch script as an ipyparallel batch template: ``{n}``, ``{cluster_id}``, ``{profile_dir}`` and
-    ``{program_and_args}`` (the engine in its container) are filled in by the launcher. ``mpi``: srun gives the
-    ranks their MPI world (PMIx)."""
-    lines = _header(alloc, ranks, "hpcdl-engines-{cluster_id}", "{n}",
-                    ["--output={profile_dir}/log/hpcdl-engines-%j.out"])
-    # the engines find the controller by these arguments (not only by exported variables: the job may be
-    # submitted by the allocation's owner on the kernel's behalf, from another environment)
-    lines.append("srun --kill-on-bad-exit=0 " + ("--mpi=pmix " if mpi else "")
-                 + "{program_and_args} --profile-dir={profile_dir} --cluster-id={cluster_id}")
-    return "\n".join(lines) + "\n"
+def check_new_allocation(sched: Scheduler, alloc: NewAllocation, ranks: int) -> None:
+    """Whether ``sched`` can write a job of ``ranks`` ranks for ``alloc`` (ValueError says what to change)."""
+    sched.rank_job_header(rank_job(alloc, ranks, "hpcdl-check", "/tmp/out"))
 
 
-#: What a batch run's directory may be named with: it goes into #SBATCH lines, which have no quoting.
+def engines_job_template(sched: Scheduler, alloc: NewAllocation, ranks: int, python: str, mpi: bool = False) -> str:
+    """The batch script of a session's new allocation, as an ipyparallel batch template: ``{cluster_id}``,
+    ``{profile_dir}`` and ``{program_and_args}`` (the engine in its container) are filled in by the launcher; the
+    ranks are tasks started by ``jupyter_hpcdl.tasks`` with ``python`` (the host's). ``mpi``: the ranks' MPI world
+    from the batch system (Slurm's PMIx)."""
+    job = rank_job(alloc, ranks, "hpcdl-engines-{cluster_id}",
+                   "{profile_dir}/log/hpcdl-engines-" + sched.job_id_placeholder + ".out")
+    # the engines find the controller by these arguments (not by exported variables: the job may be submitted by
+    # the allocation's owner on the kernel's behalf, from another environment)
+    return "\n".join(["#!/bin/sh", *sched.rank_job_header(job),
+                      f"exec {check_job_dir(python)} -m jupyter_hpcdl.tasks --ranks={ranks} "
+                      f"--gpus-per-rank={job.gpus_per_rank} --name=hpcdl-engines " + ("--mpi " if mpi else "")
+                      + "-- {program_and_args} --profile-dir={profile_dir} --cluster-id={cluster_id}"]) + "\n"
+
+
+#: What a batch run's directory may be named with: it goes into directive lines, which have no quoting.
 SAFE_PATH = re.compile(r"/[A-Za-z0-9._+/-]+")
 
 
@@ -77,8 +76,8 @@ def check_job_dir(path: str) -> str:
     return path
 
 
-def batch_run_script(alloc: NewAllocation, ranks: int, job_dir: str, host_python: str, image: str,
-                     command: Sequence[str], job_name: str) -> str:
+def batch_run_script(sched: Scheduler, alloc: NewAllocation, ranks: int, job_dir: str, host_python: str,
+                     image: str, command: Sequence[str], job_name: str) -> str:
     """The batch script of a batch run: ``ranks`` tasks over ``alloc.nodes`` nodes, their output (labelled by rank)
     in ``job_dir/output.log``, the exit code in ``job_dir/status.json``; the command's words are quoted for the
     shell, so they are passed exactly as given."""
@@ -87,7 +86,7 @@ def batch_run_script(alloc: NewAllocation, ranks: int, job_dir: str, host_python
     check_name("job name", job_name)
     if not command or not all(isinstance(word, str) and word and "\0" not in word for word in command):
         raise ValueError("the command must be a non-empty list of non-empty strings")
-    lines = _header(alloc, ranks, job_name, str(ranks), [f"--output={job_dir}/output.log", f"--chdir={job_dir}"])
-    lines.append(f"exec {python} -m jupyter_hpcdl.launch --image={image} --label "
-                 f"--status-file={job_dir}/status.json -- " + shlex.join(command))
-    return "\n".join(lines) + "\n"
+    job = rank_job(alloc, ranks, job_name, f"{job_dir}/output.log", job_dir)
+    return "\n".join(["#!/bin/sh", *sched.rank_job_header(job),
+                      f"exec {python} -m jupyter_hpcdl.launch --image={image} --label "
+                      f"--status-file={job_dir}/status.json -- " + shlex.join(command)]) + "\n"

@@ -1,11 +1,11 @@
 """One Horovod world: which slot (rank, local rank, cross rank) each process takes, and the environment that joins it
 to a Gloo rendezvous. Pure functions: the same plan as Horovod's own ``get_host_assignments``, computed from what
-the batch system says (e.g. Slurm's task layout), so ranks can be started by srun, ipyparallel or anything else."""
+the batch system says (its hosts and their slots), so ranks can be started by srun, qrsh, ipyparallel or anything
+else."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -17,17 +17,6 @@ class Slot:
     cross_rank: int
     cross_size: int
     size: int
-
-
-def expand_tasks_per_node(spec: str) -> list[int]:
-    """Slurm's ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) as one count per node (``[2, 2, 2, 1]``)."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
-        if not m:
-            raise ValueError(f"cannot read tasks per node {spec!r}")
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
-    return counts
 
 
 def plan_slots(hosts: Sequence[tuple[str, int]]) -> list[Slot]:
@@ -42,20 +31,17 @@ def plan_slots(hosts: Sequence[tuple[str, int]]) -> list[Slot]:
     return slots
 
 
-def slurm_hosts(hostnames: Sequence[str], tasks_per_node: str) -> list[tuple[str, int]]:
-    counts = expand_tasks_per_node(tasks_per_node)
-    if len(counts) != len(hostnames):
-        raise ValueError(f"{len(hostnames)} nodes but tasks per node {tasks_per_node!r}")
-    return list(zip(hostnames, counts))
-
-
-def slurm_slot(env: Mapping[str, str], hostnames: Sequence[str]) -> Slot:
-    """This task's slot, from the variables srun gives each task."""
-    slots = plan_slots(slurm_hosts(hostnames, env["SLURM_TASKS_PER_NODE"]))
-    slot = slots[int(env["SLURM_PROCID"])]
-    if slot.hostname != env.get("SLURMD_NODENAME", slot.hostname) or slot.local_rank != int(env.get("SLURM_LOCALID", slot.local_rank)):
-        raise ValueError(f"task {env['SLURM_PROCID']} runs on {env.get('SLURMD_NODENAME')} as local {env.get('SLURM_LOCALID')}, "
-                         f"not where block distribution puts it ({slot.hostname}, local {slot.local_rank}): use --distribution=block")
+def task_slot(hosts: Sequence[tuple[str, int]], index: int, node: str | None = None,
+              local_rank: int | None = None) -> Slot:
+    """Task ``index``'s slot in the plan of ``hosts``; where the batch system says the task's node and local index,
+    they must be where block distribution puts it."""
+    slots = plan_slots(hosts)
+    if not 0 <= index < len(slots):
+        raise ValueError(f"task {index} is not in a world of {len(slots)}")
+    slot = slots[index]
+    if (node is not None and node != slot.hostname) or (local_rank is not None and local_rank != slot.local_rank):
+        raise ValueError(f"task {index} runs on {node} as local {local_rank}, not where block distribution puts it "
+                         f"({slot.hostname}, local {slot.local_rank}): start the step block-wise")
     return slot
 
 

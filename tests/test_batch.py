@@ -18,6 +18,8 @@ import pytest
 from jupyter_hpcdl.allocation import AllocationOwner, handle
 from jupyter_hpcdl.batch import ENDED, BatchRun, runs
 from jupyter_hpcdl.newjob import NewAllocation, batch_run_script
+from jupyter_hpcdl.spawner.gridengine import GridEngine
+from jupyter_hpcdl.spawner.slurm import Slurm
 
 PY = sys.executable
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -153,7 +155,7 @@ def test_bad_input_is_refused_before_anything_is_made(tmp_path, monkeypatch):
 
 
 def test_the_batch_script_carries_checked_values_and_the_command_quoted():
-    script = batch_run_script(NewAllocation(nodes=2, walltime="00:10:00", partition="gpu", gpus_per_rank=1), 4,
+    script = batch_run_script(Slurm(), NewAllocation(nodes=2, walltime="00:10:00", partition="gpu", gpus_per_rank=1), 4,
                               "/home/alice/hpcdl-batch/digits-1", "/opt/venv/bin/python", "hpcdl/base:latest",
                               ["python3", "/home/alice/train.py", "--name", "it's; rm -rf ~"], "hpcdl-batch-digits")
     lines = script.splitlines()
@@ -163,12 +165,19 @@ def test_the_batch_script_carries_checked_values_and_the_command_quoted():
     assert lines[-1] == ("exec /opt/venv/bin/python -m jupyter_hpcdl.launch --image=hpcdl/base:latest --label "
                          "--status-file=/home/alice/hpcdl-batch/digits-1/status.json -- python3 /home/alice/train.py "
                          "--name 'it'\"'\"'s; rm -rf ~'")
-    ok = (NewAllocation(), 2, "/home/a/run", "/usr/bin/python3", "hpcdl/base:latest", ["true"], "hpcdl-batch-x")
-    for index, bad, says in [(0, NewAllocation(partition="gpu\n#SBATCH --uid=0"), "not a valid name"),
-                             (1, 0, "ranks must be"), (2, "/home/a/run dir", "cannot carry"),
-                             (2, "relative/run", "cannot carry"), (2, "/home/a/../b", "cannot carry"),
-                             (4, "Bad Image", "not valid"), (5, [], "non-empty list"),
-                             (6, "name\nx", "not a valid name")]:
+    sge = batch_run_script(GridEngine(), NewAllocation(nodes=2, walltime="00:10:00", partition="gpu", gpus_per_rank=1),
+                           4, "/home/alice/hpcdl-batch/digits-1", "/opt/venv/bin/python", "hpcdl/base:latest",
+                           ["python3", "/home/alice/train.py"], "hpcdl-batch-digits").splitlines()
+    assert sge[1:-1] == ["#$ -N hpcdl-batch-digits", "#$ -o /home/alice/hpcdl-batch/digits-1/output.log", "#$ -j y",
+                         "#$ -r n", "#$ -S /bin/sh", "#$ -wd /home/alice/hpcdl-batch/digits-1", "#$ -pe mpi-2 4",
+                         "#$ -l h_rt=600,gpu=1", "#$ -q gpu"]
+    assert sge[-1] == lines[-1].split(" -- ")[0] + " -- python3 /home/alice/train.py"
+    ok = (Slurm(), NewAllocation(), 2, "/home/a/run", "/usr/bin/python3", "hpcdl/base:latest", ["true"], "hpcdl-batch-x")
+    for index, bad, says in [(1, NewAllocation(partition="gpu\n#SBATCH --uid=0"), "not a valid name"),
+                             (2, 0, "ranks must be"), (3, "/home/a/run dir", "cannot carry"),
+                             (3, "relative/run", "cannot carry"), (3, "/home/a/../b", "cannot carry"),
+                             (5, "Bad Image", "not valid"), (6, [], "non-empty list"),
+                             (7, "name\nx", "not a valid name")]:
         args = list(ok)
         args[index] = bad
         with pytest.raises(ValueError, match=says):
@@ -177,7 +186,7 @@ def test_the_batch_script_carries_checked_values_and_the_command_quoted():
 
 def test_the_owner_reports_only_jobs_it_submitted_and_says_when_it_cannot_ask(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    owner = AllocationOwner(environ={"PATH": "/usr/bin:/bin"})
+    owner = AllocationOwner(environ={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "1"})
     status, reply = asyncio.run(handle(owner, "GET", "/jobs/4242", {}))
     assert status == 400 and "not submitted through this allocation's owner" in reply["message"]
     owner._known.add("4242")  # as a batch run's submission leaves it; a scheduler that is not there is "unknown"

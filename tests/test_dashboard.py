@@ -19,8 +19,9 @@ import psutil
 import pytest
 
 from jupyter_hpcdl import allocation
-from jupyter_hpcdl.allocation import (MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, parse_time_left,
-                                      request, run_command, session_report)
+from jupyter_hpcdl.allocation import (MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, request, run_command,
+                                      session_report)
+from jupyter_hpcdl.spawner.slurm import parse_time_left
 from jupyter_hpcdl.jobvalues import gres_count
 from jupyter_hpcdl.dashboard.series import (batches_per_epoch, epoch_progress, parse_rank_counts, rank_series,
                                             rank_table_html)
@@ -141,7 +142,7 @@ FAKE_SLURM = {
     "scontrol": 'case "$1" in --oneliner) echo "JobId=$4 JobState=RUNNING Reason=None ExitCode=0:0" ;; '
                 '*) echo node1; echo node2 ;; esac',
     "squeue": 'case "$5" in %L) echo 0:29:10 ;; *) echo "0:29:10|gpu|gpu:1" ;; esac',
-    "sbatch": 'echo $$ > {bin}/sbatch.pid; sleep "${{FAKE_SBATCH_SECONDS:-0}}"; echo "Submitted batch job 4242"',
+    "sbatch": 'echo $$ > {bin}/sbatch.pid; sleep "${{FAKE_SBATCH_SECONDS:-0}}"; echo 4242',
     "scancel": 'echo "$@" >> {bin}/scancel.called',
     "srun": '[ -z "$FAKE_SRUN_STUBBORN" ] || trap "" TERM; echo $$ >> {bin}/srun.pids; sleep 60',
 }
@@ -158,7 +159,8 @@ def fake_slurm(tmp_path, monkeypatch) -> dict[str, str]:
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "job.sbatch").write_text("#!/bin/sh\n")
-    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-2]"}
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-2]",
+            "SLURM_TASKS_PER_NODE": "1(x2)"}
 
 
 @contextlib.contextmanager
@@ -234,7 +236,7 @@ def test_a_slow_sbatch_does_not_block_the_lab(fake_slurm, tmp_path):
         assert not submitted.done(), "sbatch was still running"
         assert took < 2, f"GET /allocation waited {took:.1f} s behind a slow sbatch on the same loop"
         assert described["nodes"] == ["node1", "node2"] and described["time_left_s"] == 29 * 60 + 10
-        assert submitted.result(30) == {"job_id": "4242", "output": "Submitted batch job 4242"}
+        assert submitted.result(30) == {"job_id": "4242", "output": "4242"}
 
 
 @pytest.mark.timeout(60)

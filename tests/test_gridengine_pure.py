@@ -185,7 +185,7 @@ def test_a_task_alone_is_quoted_for_the_remote_shell():
     argv = GridEngine().task_argv("node7", ["HPCDL_RENDEZVOUS"], ["python3", "-c", "print('a b'); import sys"])
     assert argv[:5] == ["qrsh", "-inherit", "-v", "HPCDL_RENDEZVOUS", "node7"]
     assert shlex.split(argv[5]) == ["python3", "-c", "print('a b'); import sys"]  # one word each, as given
-    assert Slurm().step_argv(4, True, ["x"]) == ["srun", "--kill-on-bad-exit=1", "--distribution=block", "--ntasks=4",
+    assert Slurm().step_argv(4, ["x"], label=True) == ["srun", "--kill-on-bad-exit=1", "--distribution=block", "--ntasks=4",
                                                  "--label", "x"]
 
 
@@ -228,3 +228,23 @@ def test_launch_in_a_job_it_cannot_start_ranks_in_says_so(monkeypatch, capsys):
     monkeypatch.setattr(os, "environ", {"PBS_JOBID": "12.server", "PATH": "/usr/bin"})
     assert launch.main(["--image=hpcdl/base:latest", "--", "true"]) == 2
     assert "inside a pbs job is not supported yet" in capsys.readouterr().err
+
+
+def test_a_running_jobs_time_left_queue_and_gpus_come_from_its_details():
+    sge = GridEngine()
+    started = 1796175338  # JAT_start_time of the recorded job, which asked for h_rt=600 and gpu=2 per slot
+    found = sge.parse_resources(rec("qstat-j-running.xml"), now=started + 90)
+    assert (found.time_left_s, found.partition, found.gpus_per_task, found.gpus_per_node) == (510, "gpu", 2, None)
+    assert found.time_left == "0:08:30"
+    assert sge.parse_resources(rec("qstat-j-running.xml"), now=started + 900).time_left_s == 0
+    assert sge.parse_resources(rec("qstat-j-pending.xml"), now=started).time_left_s is None, "not started"
+    unknown = "<?xml version='1.0'?>\n<unknown_jobs >\n <ST_name>9</ST_name>\n</unknown_jobs>\n"
+    assert sge.parse_resources(unknown, now=started) is None
+    assert sge.resources_argv("12") == ["qstat", "-j", "12", "-xml"]
+
+
+def test_slurm_says_time_left_partition_and_gpus_in_one_line():
+    found = Slurm().parse_resources("1-02:00:00|gpu|gres/gpu:2\n", now=0)
+    assert (found.time_left_s, found.partition, found.gpus_per_node) == (93600, "gpu", 2)
+    assert Slurm().parse_resources("UNLIMITED|cpu|N/A", now=0).time_left_s is None
+    assert Slurm().parse_resources("", now=0) is None

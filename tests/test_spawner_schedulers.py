@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hubclient import Hub
@@ -139,3 +140,87 @@ def test_the_form_shows_the_schedulers_availability_and_script(site, clean):
         "availability"
     partition_line = f"{site.sched.directive} {site.sched.options(JobRequest('gpu', 1, 1, 60, 'base', 'x'), 'n', '/o', '/w')[1]}"
     assert partition_line in page, partition_line  # the script's preview, in this scheduler's words
+
+
+def engines_of(user: str) -> list[str]:
+    """The user's ipyparallel engines still running (zombies do not count)."""
+    found = []
+    for proc in psutil.process_iter(["username", "cmdline", "status"]):
+        if proc.info["username"] == user and proc.info["status"] != psutil.STATUS_ZOMBIE \
+                and "ipyparallel.engine" in " ".join(proc.info["cmdline"] or ()):
+            found.append(f"{proc.pid} {' '.join(proc.info['cmdline'])[-120:]}")
+    return found
+
+
+def ended(site: Site, user: str, job_id: str, within: float = 60) -> bool:
+    """Whether ``job_id`` leaves the queue within ``within`` seconds (a job being ended takes a moment: Slurm's
+    COMPLETING, Grid Engine's epilogue)."""
+    deadline = time.monotonic() + within
+    while job_id in site.jobs(user):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
+
+
+TRAINING_CODE = """
+import json
+from jupyter_hpcdl.batch import BatchRun
+from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.training import TrainingSession
+from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
+
+out = {}
+session = TrainingSession(ranks=2, where="allocation")
+try:
+    world = session.start()
+    session.setup(digits_model, digits_shard, loss=digits_loss, lr=0.1)
+    fit = session.fit(epochs=2)
+    out.update(world=sorted((w["rank"], w["size"], w["cuda_visible_devices"]) for w in world), loss=fit.loss,
+               nodes=sorted({w["node"] for w in world}), time_left=session.time_left())
+finally:
+    session.close()
+new = TrainingSession(ranks=2, where="new", start_timeout=240,
+                      new_allocation=NewAllocation(nodes=1, walltime=10, partition="gpu", gpus_per_rank=1))
+try:
+    world = new.start()
+    out.update(new_job=new.job_id, new_world=sorted((w["rank"], w["size"]) for w in world),
+               new_gpus=[w["cuda_visible_devices"] for w in world], new_time_left=new.time_left())
+    new.setup(digits_model, digits_shard, loss=digits_loss, lr=0.1)
+    out.update(new_loss=new.fit(epochs=2).loss)
+finally:
+    new.close()
+code = "import sys, horovod.tensorflow as hvd; hvd.init(); print('rank', hvd.rank(), 'of', hvd.size(), flush=True); sys.exit(3 * hvd.rank())"
+run = BatchRun.submit(command=["python3", "-c", code], ranks=2, nodes=1, walltime=5, partition="gpu", name="both")
+ended = run.wait(timeout=300, every=2, show=False)
+result = run.result()
+out.update(batch_job=run.job_id, batch_state=ended.state, batch_code=result.exit_code, batch_output=result.output)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(1200)
+def test_the_notebooks_training_new_allocation_and_batch_run_work_the_same(site, clean):
+    """A training session across the job's GPUs, one in a new allocation and a batch run, from the kernel in the
+    container: the same code on both batch systems, which the allocation's owner asks through its adapter."""
+    status, body = spawn(site.hub, "alice", {"nodes": 1, "gpus_per_node": 2, "walltime": "00:30:00", "image": "base"})
+    assert status in (201, 202), body
+    site.hub.wait_ready("alice")
+    try:
+        out = site.hub.run_in_kernel("alice", TRAINING_CODE, timeout=900)
+    finally:
+        site.hub.stop("alice")
+    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert result["world"] == [[0, 2, "0"], [1, 2, "1"]], "each rank its own GPU of the job"
+    assert len(result["nodes"]) == 1 and result["loss"][-1] < result["loss"][0], result
+    assert 0 < result["time_left"] <= 30 * 60, "the walltime left, as the scheduler says"
+    assert result["new_world"] == [[0, 2], [1, 2]] and all(g and "," not in g for g in result["new_gpus"]), result
+    assert 0 < result["new_time_left"] <= 10 * 60 and result["new_loss"][-1] < result["new_loss"][0], result
+    assert ended(site, "alice", result["new_job"]), "the new allocation outlived its session"
+    assert ended(site, "alice", result["batch_job"]), "the batch run's job did not end with its ranks"
+    deadline = time.monotonic() + 60
+    while (left := engines_of("alice")) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"engines outlived their jobs: {left}"
+    assert "rank 0 of 2" in result["batch_output"] and "rank 1 of 2" in result["batch_output"], result["batch_output"]
+    assert result["batch_code"] in (3, 137, 143) and result["batch_state"] == "FAILED", result

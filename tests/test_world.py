@@ -3,9 +3,11 @@ import asyncio
 
 import pytest
 
-from jupyter_hpcdl.allocation import AllocationOwner, engine_srun_argv, handle
-from jupyter_hpcdl.world import (Slot, expand_tasks_per_node, gloo_env, hosts_from_tasks, plan_slots, slurm_hosts,
-                                 slurm_slot)
+from jupyter_hpcdl.allocation import AllocationOwner, engines_argv, handle
+from jupyter_hpcdl.spawner.gridengine import GridEngine
+from jupyter_hpcdl.spawner.slurm import Slurm, expand_tasks_per_node, slurm_hosts
+from jupyter_hpcdl.tasks import gpu_share, spread
+from jupyter_hpcdl.world import Slot, gloo_env, hosts_from_tasks, plan_slots, task_slot
 
 hosts_mod = pytest.importorskip("horovod.runner.common.util.hosts")
 
@@ -34,7 +36,7 @@ def test_tasks_per_node_expansion():
 
 def test_slurm_task_gets_its_slot_and_gloo_env():
     env = {"SLURM_TASKS_PER_NODE": "2,1", "SLURM_PROCID": "2", "SLURMD_NODENAME": "node2", "SLURM_LOCALID": "0"}
-    slot = slurm_slot(env, ["node1", "node2"])
+    slot = task_slot(Slurm().parse_hosts("node1\nnode2\n", env), *Slurm().task_index(env))
     assert slot == Slot("node2", 2, 0, 1, 1, 2, 3)
     g = gloo_env(slot, "10.0.0.1", 1234, "ib0")
     assert (g["HOROVOD_RANK"], g["HOROVOD_SIZE"], g["HOROVOD_HOSTNAME"], g["HOROVOD_GLOO_IFACE"]) == ("2", "3", "node2", "ib0")
@@ -42,8 +44,10 @@ def test_slurm_task_gets_its_slot_and_gloo_env():
 
 def test_cyclic_distribution_is_refused_with_the_fix():
     env = {"SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "1", "SLURMD_NODENAME": "node2", "SLURM_LOCALID": "0"}
-    with pytest.raises(ValueError, match="--distribution=block"):
-        slurm_slot(env, ["node1", "node2"])
+    with pytest.raises(ValueError, match="block-wise"):
+        task_slot(slurm_hosts(["node1", "node2"], env["SLURM_TASKS_PER_NODE"]), *Slurm().task_index(env))
+    with pytest.raises(ValueError, match="not in a world of 4"):
+        task_slot([("a", 2), ("b", 2)], 4)
 
 
 def test_hosts_from_block_distributed_tasks():
@@ -52,22 +56,48 @@ def test_hosts_from_block_distributed_tasks():
         hosts_from_tasks([(0, "node1"), (1, "node2"), (2, "node1")])
 
 
-def test_engine_step_runs_engines_in_the_container_one_gpu_each():
-    argv = engine_srun_argv(4, 2, "hpcdl/base:latest", "/home/a/.ipython/x-engine.json", python="/v/bin/python",
-                            gpus_per_rank=1)
-    assert argv[:7] == ["srun", "--ntasks=4", "--nodes=2", "--distribution=block", "--kill-on-bad-exit=0",
-                        "--job-name=hpcdl-engines", "--gpus-per-task=1"]
-    assert argv[7:11] == ["/v/bin/python", "-m", "jupyter_hpcdl.containers", "run"]
+def test_engines_are_tasks_over_the_job_each_in_the_container_with_its_gpu():
+    argv = engines_argv(4, "hpcdl/base:latest", "/home/a/.ipython/x-engine.json", python="/v/bin/python",
+                        gpus_per_rank=1, env={"CUDA_VISIBLE_DEVICES": "0,1", "HPCDL_ALLOCATION_FILE": "/a.json",
+                                              "SECRET": "x"})
+    cut = argv.index("--")
+    assert argv[:6] == ["/v/bin/python", "-m", "jupyter_hpcdl.tasks", "--ranks=4", "--gpus-per-rank=1",
+                        "--name=hpcdl-engines"]
+    assert argv[6:cut] == ["--env=CUDA_VISIBLE_DEVICES", "--env=HPCDL_ALLOCATION_FILE"], "only what is set, by name"
+    assert argv[cut + 1:cut + 5] == ["/v/bin/python", "-m", "jupyter_hpcdl.containers", "run"]
     assert argv[-7:] == ["hpcdl/base:latest", "--", "python3", "-m", "ipyparallel.engine",
                          "--file=/home/a/.ipython/x-engine.json", "--quiet"]
-    assert "--env=SLURM_PROCID" in argv and "--env=CUDA_VISIBLE_DEVICES" in argv
-    with pytest.raises(ValueError, match="one rank per node"):
-        engine_srun_argv(1, 2, "hpcdl/base:latest", "/x.json")
-    with pytest.raises(ValueError, match="image reference"):
-        engine_srun_argv(2, 1, "Bad Image", "/x.json")
-    mpi = engine_srun_argv(2, 1, "hpcdl/base:latest", "/x.json", python="/v/bin/python", mpi=True)
-    assert mpi[:7] == ["srun", "--ntasks=2", "--nodes=1", "--distribution=block", "--kill-on-bad-exit=0",
-                       "--job-name=hpcdl-engines", "--mpi=pmix"]
+    assert "--env=HPCDL_TASK_RANK" in argv and "--env=SLURM_PROCID" in argv and "SECRET" not in " ".join(argv)
+    for bad, says in (((0, "hpcdl/base:latest", "/x.json"), "1 to 4096 ranks"),
+                      ((2, "Bad Image", "/x.json"), "image reference"), ((2, "hpcdl/base:latest", "x.json"), "absolute")):
+        with pytest.raises(ValueError, match=says):
+            engines_argv(*bad)
+    assert "--mpi" in engines_argv(2, "hpcdl/base:latest", "/x.json", mpi=True, env={})
+
+
+def test_slurm_runs_the_tasks_as_one_block_wise_step():
+    assert Slurm().step_argv(4, ["cmd"], kill_on_bad_exit=False, nodes=2, gpus_per_task=1, mpi=True,
+                             job_name="hpcdl-engines") == [
+        "srun", "--kill-on-bad-exit=0", "--distribution=block", "--ntasks=4", "--nodes=2", "--job-name=hpcdl-engines",
+        "--gpus-per-task=1", "--mpi=pmix", "cmd"]
+    assert Slurm().step_argv(2, ["cmd"], label=True) == ["srun", "--kill-on-bad-exit=1", "--distribution=block",
+                                                          "--ntasks=2", "--label", "cmd"]
+
+
+def test_tasks_started_alone_fill_the_hosts_in_order_each_with_its_share_of_gpus():
+    assert spread([("a", 2), ("b", 2)], 3) == [("a", 2), ("b", 1)]
+    assert spread([("a", 2)], 2) == [("a", 2)]
+    with pytest.raises(ValueError, match="holds 4 task slot"):
+        spread([("a", 2), ("b", 2)], 5)
+    assert gpu_share("0,1,2,3", 1, 2) == "2,3" and gpu_share("GPU-a,GPU-b", 1, 1) == "GPU-b"
+    assert gpu_share("0,1", 0, 0) == "0,1" and gpu_share(None, 0, 1) is None
+    with pytest.raises(ValueError, match="needs 1 GPU"):
+        gpu_share("0", 1, 1)
+    sge = GridEngine()
+    assert sge.hosts_argv({"PE_HOSTFILE": "/var/spool/pe"}) == ["cat", "/var/spool/pe"]
+    assert sge.parse_hosts("vm 2 gpu@vm UNDEFINED\nvm2 2 gpu@vm2 UNDEFINED\n", {"PE_HOSTFILE": "/x"}) == [
+        ("vm", 2), ("vm2", 2)]
+    assert sge.hosts_argv({}) is None and sge.parse_hosts("", {"HOSTNAME": "vm"}) == [("vm", 1)], "no PE: one slot"
 
 
 def test_owner_api_validates_and_says_what_is_wrong():
@@ -83,24 +113,33 @@ def test_owner_api_validates_and_says_what_is_wrong():
 def test_new_allocation_script_is_built_from_checked_values():
     from jupyter_hpcdl.newjob import NewAllocation, engines_job_template
 
-    template = engines_job_template(NewAllocation(nodes=2, walltime="00:10", partition="gpu", account="proj-a",
-                                                  gpus_per_rank=1), ranks=4)
-    script = template.format(n=4, cluster_id="c1", profile_dir="/home/a/.ipython/profile_default",
-                             program_and_args="python -m jupyter_hpcdl.containers run hpcdl/base:latest -- engine")
-    assert script.splitlines() == [
+    fill = dict(cluster_id="c1", profile_dir="/home/a/.ipython/profile_default",
+                program_and_args="python -m jupyter_hpcdl.containers run hpcdl/base:latest -- engine")
+    alloc = NewAllocation(nodes=2, walltime="00:10", partition="gpu", account="proj-a", gpus_per_rank=1)
+    tasks = ("exec /v/bin/python -m jupyter_hpcdl.tasks --ranks=4 --gpus-per-rank=1 --name=hpcdl-engines -- python -m "
+             "jupyter_hpcdl.containers run hpcdl/base:latest -- engine --profile-dir=/home/a/.ipython/profile_default "
+             "--cluster-id=c1")
+    assert engines_job_template(Slurm(), alloc, 4, "/v/bin/python").format(**fill).splitlines() == [
         "#!/bin/sh", "#SBATCH --job-name=hpcdl-engines-c1", "#SBATCH --export=ALL", "#SBATCH --nodes=2",
         "#SBATCH --ntasks=4", "#SBATCH --distribution=block", "#SBATCH --time=00:10:00",
         "#SBATCH --output=/home/a/.ipython/profile_default/log/hpcdl-engines-%j.out", "#SBATCH --partition=gpu",
-        "#SBATCH --account=proj-a", "#SBATCH --gpus-per-task=1",
-        "srun --kill-on-bad-exit=0 python -m jupyter_hpcdl.containers run hpcdl/base:latest -- engine"
-        " --profile-dir=/home/a/.ipython/profile_default --cluster-id=c1"]
-    assert engines_job_template(NewAllocation(), 1, mpi=True).splitlines()[-1].startswith(
-        "srun --kill-on-bad-exit=0 --mpi=pmix {program_and_args}")
+        "#SBATCH --account=proj-a", "#SBATCH --gpus-per-task=1", tasks]
+    assert engines_job_template(GridEngine(), alloc, 4, "/v/bin/python").format(**fill).splitlines() == [
+        "#!/bin/sh", "#$ -N hpcdl-engines-c1", "#$ -o /home/a/.ipython/profile_default/log/hpcdl-engines-$JOB_ID.out",
+        "#$ -j y", "#$ -r n", "#$ -S /bin/sh", "#$ -cwd", "#$ -pe mpi-2 4", "#$ -l h_rt=600,gpu=1", "#$ -q gpu",
+        "#$ -A proj-a", tasks]
+    assert "#$ -pe smp 2" in engines_job_template(GridEngine(), NewAllocation(), 2, "/v/bin/python")
+    with pytest.raises(ValueError, match="spread evenly over 2 nodes"):
+        engines_job_template(GridEngine(), NewAllocation(nodes=2), 3, "/v/bin/python")
+    assert "--mpi -- {program_and_args}" in engines_job_template(Slurm(), NewAllocation(), 1, "/p", mpi=True)
+    with pytest.raises(ValueError, match="cannot carry"):
+        engines_job_template(Slurm(), NewAllocation(), 1, "/p p")
     for bad, message in ((dict(partition="gpu\n#SBATCH --uid=0"), "partition"), (dict(account="a;b"), "account"),
                          (dict(nodes=3), "ranks must be a whole number from 3"), (dict(walltime="1h"), "walltime"),
                          (dict(gpus_per_rank=True), "gpus_per_rank"), (dict(partition="{n}"), "partition")):
-        with pytest.raises(ValueError, match=message):
-            engines_job_template(NewAllocation(**bad), ranks=2)
+        for sched in (Slurm(), GridEngine()):
+            with pytest.raises(ValueError, match=message):
+                engines_job_template(sched, NewAllocation(**bad), 2, "/v/bin/python")
 
 
 def test_engines_that_did_not_join_one_world_are_refused():
@@ -114,7 +153,11 @@ def test_engines_that_did_not_join_one_world_are_refused():
 
 def test_owner_submits_and_cancels_only_what_it_should(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    owner = AllocationOwner(environ={"PATH": "/usr/bin:/bin"})
+    outside = AllocationOwner(environ={"PATH": "/usr/bin:/bin"})
+    status, reply = ask(outside, "POST", "/jobs", {"batch_file": "/etc/passwd"})
+    assert status == 400 and "no batch system to submit to" in reply["message"]
+    owner = AllocationOwner(environ={"PATH": "/usr/bin:/bin", "JOB_ID": "7", "SGE_ROOT": "/usr/share/gridengine"})
+    assert owner.sched.name == "gridengine" and owner.job_id == "7"
     status, reply = ask(owner, "POST", "/jobs", {"batch_file": "/etc/passwd"})
     assert status == 400 and "in your home directory" in reply["message"]
     status, reply = ask(owner, "POST", "/jobs", {"batch_file": str(tmp_path / "missing.sbatch")})
@@ -122,3 +165,10 @@ def test_owner_submits_and_cancels_only_what_it_should(tmp_path, monkeypatch):
     status, reply = ask(owner, "DELETE", "/jobs/12345", {})
     assert status == 400 and "not submitted through this allocation's owner" in reply["message"]
     assert ask(owner, "DELETE", "/jobs/1;rm", {})[0] == 404
+
+
+def test_an_owner_in_a_job_of_an_adapter_without_the_jobs_side_says_so():
+    owner = AllocationOwner(environ={"PATH": "/usr/bin:/bin", "PBS_JOBID": "5.server", "PBS_ENVIRONMENT": "PBS_BATCH"})
+    assert owner.sched is not None and owner.sched.name == "pbs" and owner.job_id == "5.server"
+    status, reply = ask(owner, "GET", "/allocation", {})
+    assert status == 400 and "not supported in a pbs job yet" in reply["message"]

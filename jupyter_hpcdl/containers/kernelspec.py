@@ -9,7 +9,8 @@ from .spec import check_image_ref
 
 #: Variables a containerized kernel gets by name: its GPUs and the allocation it runs in.
 KERNEL_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES",
-              "SLURM_JOB_PARTITION", "SLURMD_NODENAME", "HPCDL_ALLOCATION_FILE")
+              "SLURM_JOB_PARTITION", "SLURMD_NODENAME", "HPCDL_ALLOCATION_FILE", "HPCDL_JOB_ID",
+              "HPCDL_NODE")
 
 
 def in_container_argv(image: str, host_python: str, env_names: Sequence[str], command: Sequence[str],

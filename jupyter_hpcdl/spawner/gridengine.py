@@ -24,7 +24,7 @@ from typing import Sequence
 from traitlets import Unicode
 
 from .options import JobRequest
-from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler
+from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, JobResources, RankJob, Scheduler
 
 _JOB_ID = re.compile(r"\d+")
 #: What qstat -j says before the scheduler has passed over a job: no reason yet.
@@ -65,6 +65,17 @@ def _xml(stdout: str) -> ET.Element | None:
         return ET.fromstring(re.sub(r"<(JB_name|full_job_name)>.*?</\1>", "", stdout, flags=re.DOTALL))
     except ET.ParseError as e:
         raise ValueError(f"qstat's XML does not parse ({e})") from None
+
+
+def _seconds(text: str) -> int | None:
+    """Grid Engine's time (``600``, ``0:10:0``, ``1:00:00:00``); None for INFINITY or anything else."""
+    parts = text.strip().split(":")
+    if not text.strip() or not all(p.isdigit() for p in parts) or len(parts) > 4:
+        return None
+    total = 0
+    for part, unit in zip(reversed(parts), (1, 60, 3600, 86400)):
+        total += int(part) * unit
+    return total
 
 
 def _host(queue_instance: str) -> str:
@@ -233,9 +244,65 @@ class GridEngine(Scheduler):
             a[3] += free if up else 0
         return {q: Availability(q, *a) for q, a in acc.items()}
 
+    # -- jobs whose tasks are ranks ------------------------------------------------------------------------------
+    def rank_job_options(self, job: RankJob) -> list[str]:
+        """One slot per rank (in a parallel environment when there are several), ``gpus_per_rank`` GPUs per slot.
+        Nothing of the submitter's environment goes with it (no ``-V``: every user could read it in ``qstat -j``);
+        what the ranks need is in the script."""
+        lines = [f"-N {job.job_name}", f"-o {job.output}", "-j y", "-r n", "-S /bin/sh",
+                 f"-wd {job.workdir}" if job.workdir else "-cwd"]
+        if job.ranks > 1:
+            if job.ranks % job.nodes:
+                raise ValueError(f"{job.ranks} ranks cannot be spread evenly over {job.nodes} nodes, as Grid Engine's "
+                                 "parallel environments place them: give a multiple of the node count")
+            pe = (self.pe_single_node if job.nodes == 1
+                  else self.pe_multi_node.format(gpus_per_node=job.ranks // job.nodes))
+            lines.append(f"-pe {pe} {job.ranks}")
+        resources = [f"h_rt={job.walltime_min * 60}",
+                     *([f"{self.gpu_resource}={job.gpus_per_rank}"] if job.gpus_per_rank else [])]
+        lines.append(f"-l {','.join(resources)}")
+        if job.partition is not None:
+            lines.append(f"-q {job.partition}")
+        if job.account is not None:
+            lines.append(f"-A {job.account}")
+        return lines
+
+    def submit_file_argv(self, path: str) -> list[str]:
+        return ["qsub", "-terse", path]
+
     # -- inside a job ----------------------------------------------------------------------------------------------
     def in_job(self, env) -> bool:
         return bool(env.get("JOB_ID") and env.get("SGE_ROOT"))
+
+    def hosts_argv(self, env) -> list[str] | None:
+        return ["cat", env["PE_HOSTFILE"]] if env.get("PE_HOSTFILE") else None
+
+    def parse_hosts(self, stdout: str, env) -> list[tuple[str, int]]:
+        """The PE's hosts; a job without a parallel environment has one slot, here."""
+        if stdout.strip() or env.get("PE_HOSTFILE"):
+            return self.parse_pe_hostfile(stdout)
+        return [(env.get(self.node_env, ""), 1)]
+
+    def resources_argv(self, job_id: str) -> list[str]:
+        return ["qstat", "-j", job_id, "-xml"]
+
+    def parse_resources(self, stdout: str, now: float) -> JobResources | None:
+        """Time left from the job's ``h_rt`` and its start; the queue it asked for; its GPUs per slot."""
+        root = _xml(stdout)
+        job = root.find("djob_info/element") if root is not None else None
+        if job is None:
+            return None
+        requests = {_text(r, "CE_name"): _text(r, "CE_stringval") for r in job.iter("qstat_l_requests")}
+        starts = [int(t) for t in (_text(s, "JAT_start_time") for s in job.iter("ulong_sublist")) if t.isdigit()]
+        limit = _seconds(requests.get("h_rt", ""))
+        left = None
+        if limit is not None and starts and starts[0] > 0:
+            left = max(int(limit - (now - starts[0])), 0)
+        queues = [_text(q, "QR_name") for q in job.iter("destin_ident_list")]
+        gpus = requests.get(self.gpu_resource, "")
+        return JobResources(left, queues[0] if queues else "", None,
+                            int(float(gpus)) if re.fullmatch(r"\d+(\.\d*)?", gpus) else 0,
+                            "" if left is None else f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}")
 
     def parse_pe_hostfile(self, text: str) -> list[tuple[str, int]]:
         """``$PE_HOSTFILE`` (``host slots queue processors`` a line) as (host, slots), in order."""

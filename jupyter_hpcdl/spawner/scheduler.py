@@ -34,6 +34,36 @@ class JobInfo:
 
 
 @dataclass(frozen=True)
+class JobResources:
+    """What the scheduler says of a running job to the job itself: seconds of walltime left (None: no limit, or not
+    known), its partition (queue), and its GPUs, per node where the scheduler counts them so (Slurm's GRES) or per
+    task (Grid Engine's per-slot consumable)."""
+
+    time_left_s: int | None
+    partition: str = ""
+    gpus_per_node: int | None = None
+    gpus_per_task: int | None = None
+    time_left: str = ""  # as the scheduler writes it, for people
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """A batch job whose tasks are ranks (a training session's new allocation, a batch run): ``ranks`` tasks
+    block-wise over ``nodes`` nodes, each with ``gpus_per_rank`` GPUs. Every value is checked by its builder
+    (``jupyter_hpcdl.newjob``) before an adapter writes it."""
+
+    job_name: str
+    nodes: int
+    ranks: int
+    walltime_min: int
+    output: str
+    workdir: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    gpus_per_rank: int = 0
+
+
+@dataclass(frozen=True)
 class Availability:
     partition: str
     nodes: int
@@ -145,10 +175,45 @@ class Scheduler(Configurable):
         raise NotImplementedError
 
 
-    # -- inside a job (the job's side: hpcdl-launch) -----------------------------------------------------------------
+    # -- jobs whose tasks are ranks, submitted from inside a job ------------------------------------------------------
+    #: Variables of a job that a job submitted from inside it must not inherit (sbatch reads SLURM_* as options).
+    job_env_prefixes: tuple[str, ...] = ()
+
+    def rank_job_options(self, job: RankJob) -> list[str]:
+        """The directives (without the prefix) of a job of ``job.ranks`` tasks, block-wise over ``job.nodes`` nodes."""
+        raise NotImplementedError
+
+    def rank_job_header(self, job: RankJob) -> list[str]:
+        return [f"{self.directive} {o}" for o in self.rank_job_options(job)]
+
+    def submit_file_argv(self, path: str) -> list[str]:
+        """Submission of the batch script ``path``, whose directives say everything; it prints the id as
+        :meth:`parse_submit` reads it."""
+        raise NotImplementedError
+
+    # -- inside a job (the job's side: the allocation's owner, hpcdl-launch, jupyter_hpcdl.tasks) --------------------
     def in_job(self, env: Mapping[str, str]) -> bool:
         """Whether ``env`` is that of a job of this batch system."""
         return bool(env.get(self.job_id_env))
+
+    def job_id(self, env: Mapping[str, str]) -> str:
+        return env.get(self.job_id_env, "")
+
+    def hosts_argv(self, env: Mapping[str, str]) -> list[str] | None:
+        """The command whose output :meth:`parse_hosts` reads; None where ``env`` alone tells."""
+        raise NotImplementedError
+
+    def parse_hosts(self, stdout: str, env: Mapping[str, str]) -> list[tuple[str, int]]:
+        """The job's hosts and its task slots on each, in rank order (ValueError when the job holds none)."""
+        raise NotImplementedError
+
+    def resources_argv(self, job_id: str) -> list[str]:
+        """What :meth:`parse_resources` reads of a running job."""
+        raise NotImplementedError
+
+    def parse_resources(self, stdout: str, now: float) -> JobResources | None:
+        """Time left (at ``now``, seconds since the epoch), partition and GPUs; None when the job is not known."""
+        raise NotImplementedError
 
 
 def job_scheduler(env: Mapping[str, str]) -> Scheduler | None:

@@ -7,7 +7,7 @@ from typing import Sequence
 from jupyter_hpcdl.jobvalues import gres_count
 
 from .options import JobRequest
-from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler
+from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, JobResources, RankJob, Scheduler
 
 _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
@@ -17,6 +17,35 @@ _JOB_ID = re.compile(r"\d+")  # array and het-job ids ("12_3", "12+1") are never
 
 def _phase(state: str) -> str:
     return PENDING if state in _PENDING else RUNNING if state in _RUNNING else ENDED
+
+
+def parse_time_left(text: str) -> int | None:
+    """Seconds in squeue's ``%L`` ("[days-]hours:minutes:seconds", "minutes:seconds"), or None for UNLIMITED,
+    NOT_SET, INVALID or anything else."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE`` (``2(x3),1``) as one count per node (``[2, 2, 2, 1]``)."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ValueError(f"cannot read tasks per node {spec!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def slurm_hosts(hostnames: Sequence[str], tasks_per_node: str) -> list[tuple[str, int]]:
+    """The job's nodes with their task counts."""
+    counts = expand_tasks_per_node(tasks_per_node)
+    if len(counts) != len(hostnames):
+        raise ValueError(f"{len(hostnames)} nodes but tasks per node {tasks_per_node!r}")
+    return list(zip(hostnames, counts))
 
 
 class Slurm(Scheduler):
@@ -112,7 +141,51 @@ class Slurm(Scheduler):
             a[3] += max(total - busy, 0) if up else 0
         return {p: Availability(p, *a) for p, a in acc.items()}
 
-    def step_argv(self, size: int, label: bool, argv: Sequence[str]) -> list[str]:
-        """One step of ``size`` tasks over the allocation, block-wise; the first task to fail ends the others."""
-        return ["srun", "--kill-on-bad-exit=1", "--distribution=block", f"--ntasks={size}",
+    # -- jobs whose tasks are ranks ------------------------------------------------------------------------------
+    job_env_prefixes = ("SLURM_",)
+
+    def rank_job_options(self, job: RankJob) -> list[str]:
+        lines = [f"--job-name={job.job_name}", "--export=ALL", f"--nodes={job.nodes}", f"--ntasks={job.ranks}",
+                 "--distribution=block", f"--time={job.walltime_min // 60:02d}:{job.walltime_min % 60:02d}:00",
+                 f"--output={job.output}", *([f"--chdir={job.workdir}"] if job.workdir else [])]
+        if job.partition is not None:
+            lines.append(f"--partition={job.partition}")
+        if job.account is not None:
+            lines.append(f"--account={job.account}")
+        if job.gpus_per_rank:
+            lines.append(f"--gpus-per-task={job.gpus_per_rank}")
+        return lines
+
+    def submit_file_argv(self, path: str) -> list[str]:
+        return ["sbatch", "--parsable", path]
+
+    # -- inside a job ----------------------------------------------------------------------------------------------
+    def hosts_argv(self, env) -> list[str] | None:
+        return ["scontrol", "show", "hostnames", env.get("SLURM_JOB_NODELIST", "")]
+
+    def parse_hosts(self, stdout: str, env) -> list[tuple[str, int]]:
+        return slurm_hosts(stdout.split(), env.get("SLURM_TASKS_PER_NODE", ""))
+
+    def task_index(self, env) -> tuple[int, str | None, int | None]:
+        """A step's task: its index, node and local index, from the variables srun gives it."""
+        local = env.get("SLURM_LOCALID")
+        return int(env["SLURM_PROCID"]), env.get(self.node_env), int(local) if local is not None else None
+
+    def resources_argv(self, job_id: str) -> list[str]:
+        return ["squeue", "-h", "-j", job_id, "-o", "%L|%P|%b"]
+
+    def parse_resources(self, stdout: str, now: float) -> JobResources | None:
+        if not stdout.strip():
+            return None
+        left, partition, gres = (stdout.strip().split("|") + ["", "", ""])[:3]
+        return JobResources(parse_time_left(left), partition, gres_count(gres), None, left)
+
+    def step_argv(self, size: int, argv: Sequence[str], label: bool = False, kill_on_bad_exit: bool = True,
+                  nodes: int | None = None, gpus_per_task: int = 0, mpi: bool = False,
+                  job_name: str | None = None) -> list[str]:
+        """One step of ``size`` tasks over the allocation (or ``nodes`` of its nodes), block-wise; with
+        ``kill_on_bad_exit`` the first task to fail ends the others. ``mpi``: the tasks' MPI world from PMIx."""
+        return ["srun", f"--kill-on-bad-exit={int(kill_on_bad_exit)}", "--distribution=block", f"--ntasks={size}",
+                *([f"--nodes={nodes}"] if nodes else []), *([f"--job-name={job_name}"] if job_name else []),
+                *([f"--gpus-per-task={gpus_per_task}"] if gpus_per_task else []), *(["--mpi=pmix"] if mpi else []),
                 *(["--label"] if label else []), *argv]

@@ -10,13 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import ipyparallel as ipp
 import psutil
 
-from ..allocation import SOCKET_ENV, owner_socket, request, squeue_time_left
+from ..allocation import SOCKET_ENV, job_time_left, owner_socket, request
 from ..newjob import NewAllocation, engines_job_template
 from ..world import hosts_from_tasks
 
@@ -75,8 +76,7 @@ class Placement:
 
     def time_left(self) -> float | None:
         """Seconds of walltime the ranks have left, as the batch system says; None without a limit or a job."""
-        job = os.environ.get("SLURM_JOB_ID")
-        return squeue_time_left(job) if job and shutil.which("squeue") else None
+        return job_time_left()
 
     def stop(self) -> None:
         """Stop the controller and the engines (and with them a batch job of the ranks). The controller runs in a
@@ -94,14 +94,31 @@ class Placement:
             if controller > 0:
                 end_process_group(controller)
 
+    def shutdown_engines(self, timeout: float = 5.0) -> None:
+        """Ask the engines to exit (ipyparallel's shutdown) and wait up to ``timeout`` seconds for them to leave, so
+        that engines in a batch job end themselves before the job is cancelled (a batch system's kill does not
+        reach what runs in a session of its own); engines that do not answer are left to the stop."""
+        if self.client is None:
+            return
+        try:
+            if not self.client.ids:
+                return
+            self.client.shutdown(targets="all", block=False)
+            deadline = time.monotonic() + timeout
+            while self.client.ids and time.monotonic() < deadline:
+                self.client.spin()
+                time.sleep(0.1)
+        except Exception:  # a client whose controller is gone: nothing to ask
+            pass
+
     def _addr(self) -> str:
         return self.options.controller_ip or socket.gethostbyname(socket.gethostname())
 
     def _engines_by_task(self, addr: str, get) -> Engines:
-        """Wait for the engines srun started; order them by Slurm task (the ranks) and say where they run."""
+        """Wait for the engines the batch system started; order them by task (the ranks) and say where they run."""
         self.client.wait_for_engines(self.options.ranks, timeout=self.options.start_timeout)
         engines = sorted(self.client.ids)[: self.options.ranks]
-        tasks = get(self.client[engines].apply_async(_slurm_task), "finding the ranks' tasks",
+        tasks = get(self.client[engines].apply_async(_task), "finding the ranks' tasks",
                     self.options.start_timeout)
         by_rank = sorted(zip(tasks, engines))
         return Engines([e for _, e in by_rank], hosts_from_tasks(tasks), addr)
@@ -132,7 +149,8 @@ class LocalPlacement(Placement):
 
 
 class AllocationPlacement(Placement):
-    """A controller here; the engines started by the allocation's owner with srun, one per rank, in containers."""
+    """A controller here; the engines started by the allocation's owner as tasks of its job, one per rank, in
+    containers."""
 
     kind = "allocation"
 
@@ -158,6 +176,7 @@ class AllocationPlacement(Placement):
         return request(sock, "GET", "/allocation", timeout=15).get("time_left_s") if sock else None
 
     def stop(self) -> None:
+        self.shutdown_engines()
         try:
             sock = owner_socket()
             if sock:
@@ -169,36 +188,73 @@ class AllocationPlacement(Placement):
             super().stop()
 
 
+#: ipyparallel's engine launcher for each batch system's adapter.
+ENGINE_LAUNCHERS = {"slurm": ("slurm", "SlurmEngineSetLauncher"), "gridengine": ("sge", "SGEEngineSetLauncher"),
+                    "pbs": ("pbs", "PBSEngineSetLauncher"), "lsf": ("lsf", "LSFEngineSetLauncher")}
+
+
+def submitting_scheduler(env=None):
+    """The batch system a new job goes to from here (outside an owner): this job's, or the one whose client is
+    installed; None if there is none."""
+    from ..spawner.scheduler import job_scheduler, load_scheduler
+
+    env = os.environ if env is None else env
+    found = job_scheduler(env)
+    if found is not None:
+        return found
+    for name in ENGINE_LAUNCHERS:
+        try:
+            sched = load_scheduler(name)
+            if shutil.which(sched.submit_file_argv("job")[0]):
+                return sched
+        except (ValueError, NotImplementedError):
+            continue
+    return None
+
+
 class NewAllocationPlacement(Placement):
-    """A controller here; a new batch job whose tasks are the engines, submitted by ipyparallel's Slurm engine
-    launcher with our script (and cancelled by it when the world ends)."""
+    """A controller here; a new batch job whose tasks are the engines, submitted by ipyparallel's engine launcher
+    for the batch system with our script (and cancelled by it when the world ends)."""
 
     kind = "new"
 
     def start(self, on_controller, get) -> Engines:
         from traitlets.config import Config
 
+        from ..spawner.scheduler import load_scheduler
+
         o = self.options
         submit, python, sock = {}, sys.executable, owner_socket()
-        if not shutil.which("sbatch"):
+        sched = submitting_scheduler()
+        if sched is None or not shutil.which(sched.submit_file_argv("job")[0]):
             if not sock:
-                raise RuntimeError("where='new' submits a batch job, but there is no sbatch here and no "
-                                   "jupyter-hpcdl job whose owner could submit it")
+                raise RuntimeError("where='new' submits a batch job, but there is no batch system's client here "
+                                   "and no jupyter-hpcdl job whose owner could submit it")
             from ..jobclient import CANCEL, SUBMIT
 
-            submit = {"submit_command": SUBMIT, "delete_command": CANCEL}  # the owner runs sbatch and scancel
-            python = request(sock, "GET", "/allocation")["host_python"]  # the job runs on the host
+            submit = {"submit_command": SUBMIT, "delete_command": CANCEL}  # the owner submits and cancels
+            told = request(sock, "GET", "/allocation")
+            python = told["host_python"]  # the job runs on the host
+            sched = load_scheduler(told.get("scheduler") or "slurm")
+        if sched.name not in ENGINE_LAUNCHERS:
+            raise RuntimeError(f"where='new' has no ipyparallel launcher for {sched.name}")
+        engines, launcher = ENGINE_LAUNCHERS[sched.name]
         addr = self._addr()
-        config = Config({"SlurmEngineSetLauncher": {
+        try:
+            template = engines_job_template(sched, o.new_allocation or NewAllocation(), o.ranks, python, o.mpi)
+        except ValueError as e:
+            raise RuntimeError(f"the ranks' job cannot be written for {sched.name}: {e}") from None
+        config = Config({launcher: {
             **submit,
-            "batch_template": engines_job_template(o.new_allocation or NewAllocation(), o.ranks, o.mpi),
-            "batch_file_name": os.path.join(o.session_dir, "engines.sbatch"),  # not the kernel's working directory
+            "batch_template": template,
+            "batch_file_name": os.path.join(o.session_dir, "engines.job"),  # not the kernel's working directory
             "engine_cmd": o.engine_cmd or container_engine_cmd(o.image, o.mpi, python)}})
-        self.cluster = ipp.Cluster(n=o.ranks, controller_ip=addr, engines="slurm", config=config, log_level=40,
+        self.cluster = ipp.Cluster(n=o.ranks, controller_ip=addr, engines=engines, config=config, log_level=40,
                                    engine_timeout=o.start_timeout)  # the queue wait counts
         if not re.fullmatch(r"/[\w./-]+", self.cluster.profile_dir):  # it goes into the batch script
             raise RuntimeError(f"the IPython profile directory {self.cluster.profile_dir!r} has characters a "
                                "batch script cannot carry safely: use a profile path of letters, digits, . _ - /")
+        self._sched = sched
         try:
             self.cluster.start_controller_sync()
             on_controller()  # before the submission: a kernel that dies in the queue wait leaves no job behind
@@ -214,6 +270,10 @@ class NewAllocationPlacement(Placement):
             raise
         return self._engines_by_task(addr, get)
 
+    def stop(self) -> None:
+        self.shutdown_engines()  # before the job is cancelled
+        super().stop()
+
     @property
     def job_id(self) -> str | None:
         for launcher in (self.cluster.engines.values() if self.cluster is not None else ()):
@@ -224,8 +284,9 @@ class NewAllocationPlacement(Placement):
         job = self.job_id
         if not job:
             return None
-        if shutil.which("squeue"):
-            return squeue_time_left(job)
+        sched = getattr(self, "_sched", None)
+        if sched is not None and shutil.which(sched.resources_argv(job)[0]):
+            return job_time_left(job, sched)
         sock = owner_socket()
         return request(sock, "GET", f"/jobs/{job}", timeout=15).get("time_left_s") if sock else None
 
@@ -270,8 +331,10 @@ def placement_for(kind: str, options: PlacementOptions) -> Placement:
     return {"local": LocalPlacement, "allocation": AllocationPlacement, "new": NewAllocationPlacement}[kind](options)
 
 
-def _slurm_task() -> tuple[int, str]:
-    """On an engine started by srun: its task number and node."""
+def _task() -> tuple[int, str]:
+    """On an engine: its task number and node, as jupyter_hpcdl.tasks or the batch system's step (Slurm's) says."""
     import os
 
+    if "HPCDL_TASK_RANK" in os.environ:
+        return int(os.environ["HPCDL_TASK_RANK"]), os.environ["HPCDL_TASK_NODE"]
     return int(os.environ["SLURM_PROCID"]), os.environ["SLURMD_NODENAME"]

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import ipyparallel as ipp
 
 from ..allocation import request
-from ..newjob import NewAllocation, engines_job_template
+from ..newjob import NewAllocation, rank_job
 from . import rank as rank_side
 from . import scripts as script_side
 from .experiments import run_scaling
@@ -130,7 +130,7 @@ class TrainingSession:
         self.world_kind = world
         self.new_allocation = new_allocation or NewAllocation()
         if where == "new":
-            engines_job_template(self.new_allocation, ranks)  # bad values fail here, not at start
+            rank_job(self.new_allocation, ranks, "check", "/check")  # bad values fail here, not at start
         self.ranks = ranks
         self.where = where
         self.image = image
@@ -421,7 +421,7 @@ class TrainingSession:
             raise RuntimeError("no checkpoint to continue from: give checkpoint=PATH (or fit until the walltime "
                                "stops it, which writes one)")
         if new_allocation is not None:
-            engines_job_template(new_allocation, ranks or self.ranks)
+            rank_job(new_allocation, ranks or self.ranks, "check", "/check")
             self.new_allocation = new_allocation
         self.where = "new"
         return self.recover(checkpoint, ranks)

@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..allocation import squeue_time_left
+from ..allocation import job_time_left
 
-__all__ = ["DEFAULT_MARGIN", "WalltimeWatch", "squeue_time_left"]
+__all__ = ["DEFAULT_MARGIN", "WalltimeWatch", "job_time_left"]
 
 DEFAULT_MARGIN = 300  # seconds before the end: time to stop at a batch and write a checkpoint
 
