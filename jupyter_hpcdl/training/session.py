@@ -251,6 +251,8 @@ class TrainingSession:
                         self._view.apply_async(rank_side.leave).get(timeout=10)
                     except Exception:
                         pass
+                    if self._placement is not None and self._placement.kind != "local":
+                        self._placement.shutdown_engines()  # engines in a batch job end themselves first
                 self._client.close()
         finally:
             try:
