@@ -60,16 +60,16 @@ def place_notebooks(user: str, names: list[str]) -> Path:
     return work
 
 
-def run_notebooks(hub: Hub, user: str = "alice", nodes: int = 2, names: list[str] | None = None
-                  ) -> dict[str, tuple[dict, Path]]:
-    """Spawn ``user``'s server on ``nodes`` nodes, execute the notebooks (``names``, by default the first) in it
+def run_notebooks(hub: Hub, user: str = "alice", nodes: int = 2, names: list[str] | None = None,
+                  gpus_per_node: int = 1) -> dict[str, tuple[dict, Path]]:
+    """Spawn ``user``'s server on ``nodes`` nodes (``gpus_per_node`` each), execute the notebooks (``names``, by default the first) in it
     one after the other, stop the server; each notebook's summary and executed copy, by name."""
     names = names or [NOTEBOOK]
     work = place_notebooks(user, names)
     if hub.server(user):
         hub.stop(user)
     status, body = hub.api("POST", f"/hub/api/users/{user}/server",
-                           {"nodes": nodes, "gpus_per_node": 1, "image": "base"}, timeout=120)
+                           {"nodes": nodes, "gpus_per_node": gpus_per_node, "image": "base"}, timeout=120)
     if status not in (201, 202):
         raise RuntimeError(f"the hub refused {user}'s server: {status} {body}")
     done = {}
@@ -78,7 +78,7 @@ def run_notebooks(hub: Hub, user: str = "alice", nodes: int = 2, names: list[str
         hub.wait_routed(user)
         for name in names:
             executed = work / name.replace(".ipynb", ".executed.ipynb")
-            print(f"== {user}'s JupyterLab runs as a Slurm job on {nodes} nodes; running {name} in it", flush=True)
+            print(f"== {user}'s JupyterLab runs as a batch job on {nodes} node(s); running {name} in it", flush=True)
             hub.run_in_kernel(user, EXECUTE.format(src=str(work / name), dst=str(executed), cwd=str(work)),
                               timeout=900)
             done[name] = (notebook_summary(executed), executed)

@@ -52,3 +52,23 @@ def test_the_other_notebooks_run_unchanged_in_alices_job(bed):
     for _, executed in done.values():
         book = json.loads(executed.read_text())
         assert not [o for c in book["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def test_the_notebooks_run_unchanged_in_a_grid_engine_job(bed):
+    """The same notebooks in alice's server on the second hub, whose jobs are Grid Engine's: one exec host, so
+    two GPUs of it (06 is left out: its batch run asks for two nodes, and the bed has one Grid Engine host)."""
+    hub = Hub({"hub_url": bed["sge_hub_url"], "hub_dir": bed["sge_hub_dir"]})
+    hub.api("POST", "/hub/api/users/alice")  # 201, or 409 when known
+    names = ["01-first-training.ipynb", *THE_REST[:-1]]
+    done = run_notebooks(hub, "alice", nodes=1, names=names, gpus_per_node=2)
+    s = {name.split("-", 1)[0]: summary for name, (summary, _) in done.items()}
+    assert s["01"]["where"] == "allocation" and s["01"]["ranks"] == 2 and s["01"]["epochs"] == 4, s["01"]
+    assert s["01"]["loss_last_epoch"] < 0.8 * s["01"]["loss_first_epoch"], s["01"]
+    assert all(r["container"] and r["batches"] > 0 for r in s["01"]["per_rank"].values()), s["01"]
+    assert s["02"]["where"] == "allocation" and s["02"]["val_accuracy"] > 0.7, s["02"]
+    assert [r["ranks"] for r in s["03"]["strong"]] == [1, 2]
+    assert s["04"]["weights_match_checkpoint"] and s["04"]["time_left"] and s["04"]["time_left"] > 0, s["04"]
+    assert s["05"]["exit_codes"] == {"0": 0, "1": 0}, s["05"]
+    for _, executed in done.values():
+        book = json.loads(executed.read_text())
+        assert not [o for c in book["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
