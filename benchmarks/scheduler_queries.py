@@ -17,7 +17,7 @@ import time
 
 from jupyter_hpcdl.spawner.commands import run
 from jupyter_hpcdl.spawner.queue import JobQueue
-from jupyter_hpcdl.spawner.slurm import Slurm
+from jupyter_hpcdl.batchsystems.slurm import Slurm
 
 
 def timed(argv: list[str]) -> float:

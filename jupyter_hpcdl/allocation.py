@@ -1,6 +1,6 @@
 """The allocation's owner, on the host side of a batch job (beside the scheduler's client): it describes the
 allocation and starts the training engines in it, each inside the user's container, when a kernel asks. What it
-asks the batch system goes through the job's adapter (``jupyter_hpcdl.spawner.scheduler``): it names no command.
+asks the batch system goes through the job's adapter (``jupyter_hpcdl.batchsystems.scheduler``): it names no command.
 
 Kernels run inside containers, where there is no scheduler client: they ask this owner over a Unix socket in the
 user's private job directory (file permissions are the authentication). The Jupyter server extension
@@ -33,7 +33,7 @@ from .containers.spec import check_image_ref
 from .tasks import TASK_NODE_ENV, TASK_RANK_ENV
 
 if TYPE_CHECKING:
-    from .spawner.scheduler import JobResources, Scheduler
+    from .batchsystems.scheduler import JobResources, Scheduler
 
 SOCKET_ENV = "HPCDL_ALLOCATION_FILE"
 #: Deadlines, in seconds: for submitting and cancelling; for the queries (time left, hosts); and how long the
@@ -130,7 +130,7 @@ async def run_command_async(argv: Sequence[str], timeout: float, env: Mapping[st
 
 
 def _scheduler(env: Mapping[str, str]) -> Scheduler | None:
-    from .spawner.scheduler import job_scheduler
+    from .batchsystems.scheduler import job_scheduler
 
     return job_scheduler(env)
 
@@ -349,7 +349,7 @@ class AllocationOwner:
         """A job this owner submitted: its phase (pending, running, ended or unknown), the scheduler's state and
         reason, and its walltime left, as the scheduler says. A job the scheduler has forgotten (some time after it
         ended) is "ended" with an empty state."""
-        from .spawner.scheduler import ENDED, UNKNOWN
+        from .batchsystems.scheduler import ENDED, UNKNOWN
 
         self._submitted(job_id)
         sched = self._batch_system()

@@ -159,7 +159,7 @@ class BatchRun:
                               gpus_per_rank=gpus_per_rank)
         scheduler = None
         if where == "batch":  # build (and check) the script before anything is made
-            from .spawner.scheduler import load_scheduler
+            from .batchsystems.scheduler import load_scheduler
 
             sock = owner_socket()
             told = request(sock, "GET", "/allocation", timeout=QUERY_TIMEOUT_S)
@@ -300,7 +300,7 @@ class BatchRun:
             return
         sock = owner_socket()
         if not sock:
-            from .spawner.scheduler import load_scheduler
+            from .batchsystems.scheduler import load_scheduler
 
             how = " ".join(load_scheduler(self._record.get("scheduler", "slurm")).cancel_argv(self.job_id))
             raise RuntimeError(f"this kernel has no allocation owner to cancel job {self.job_id}: cancel it with "

@@ -24,7 +24,7 @@ from functools import partial
 
 from .atomic import write_json
 from .containers.site import load_site
-from .spawner.scheduler import job_scheduler
+from .batchsystems.scheduler import job_scheduler
 from .tasks import job_hosts, supervise
 from .world import Slot, gloo_env, iface_for, plan_slots, task_slot
 

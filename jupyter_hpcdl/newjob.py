@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .containers.spec import check_image_ref
 from .jobvalues import check_name, parse_walltime
-from .spawner.scheduler import RankJob, Scheduler
+from .batchsystems.scheduler import RankJob, Scheduler
 
 
 @dataclass(frozen=True)

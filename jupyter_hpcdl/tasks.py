@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.one:
             return run_one(args, command)
-        from .spawner.scheduler import job_scheduler
+        from .batchsystems.scheduler import job_scheduler
 
         sched = job_scheduler(os.environ)
         if sched is None:

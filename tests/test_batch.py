@@ -18,8 +18,8 @@ import pytest
 from jupyter_hpcdl.allocation import AllocationOwner, handle
 from jupyter_hpcdl.batch import ENDED, BatchRun, runs
 from jupyter_hpcdl.newjob import NewAllocation, batch_run_script
-from jupyter_hpcdl.spawner.gridengine import GridEngine
-from jupyter_hpcdl.spawner.slurm import Slurm
+from jupyter_hpcdl.batchsystems.gridengine import GridEngine
+from jupyter_hpcdl.batchsystems.slurm import Slurm
 
 PY = sys.executable
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -21,7 +21,7 @@ import pytest
 from jupyter_hpcdl import allocation
 from jupyter_hpcdl.allocation import (MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, request, run_command,
                                       session_report)
-from jupyter_hpcdl.spawner.slurm import parse_time_left
+from jupyter_hpcdl.batchsystems.slurm import parse_time_left
 from jupyter_hpcdl.jobvalues import gres_count
 from jupyter_hpcdl.dashboard.series import (batches_per_epoch, epoch_progress, parse_rank_counts, rank_series,
                                             rank_table_html)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from jupyter_hpcdl.spawner.commands import run
-from jupyter_hpcdl.spawner.gridengine import GridEngine
-from jupyter_hpcdl.spawner.options import JobRequest
+from jupyter_hpcdl.batchsystems.gridengine import GridEngine
+from jupyter_hpcdl.batchsystems.scheduler import JobRequest
 from jupyter_hpcdl.spawner.orphans import JobMark
 from jupyter_hpcdl.spawner.queue import JobQueue
-from jupyter_hpcdl.spawner.scheduler import ENDED, PENDING, RUNNING
+from jupyter_hpcdl.batchsystems.scheduler import ENDED, PENDING, RUNNING
 
 pytestmark = pytest.mark.testbed
 SGE = GridEngine()

@@ -13,13 +13,13 @@ import pytest
 
 from jupyter_hpcdl.spawner import envfile
 from jupyter_hpcdl.spawner.commands import Result
-from jupyter_hpcdl.spawner.gridengine import GridEngine, phase
-from jupyter_hpcdl.spawner.options import JobRequest
+from jupyter_hpcdl.batchsystems.gridengine import GridEngine, phase
+from jupyter_hpcdl.batchsystems.scheduler import JobRequest
 from jupyter_hpcdl.spawner.orphans import JobMark, is_orphan
 from jupyter_hpcdl.spawner.queue import JobQueue
-from jupyter_hpcdl.spawner.scheduler import ENDED, PENDING, RUNNING
+from jupyter_hpcdl.batchsystems.scheduler import ENDED, PENDING, RUNNING
 from jupyter_hpcdl.spawner.script import ScriptContext, build_batch_script
-from jupyter_hpcdl.spawner.slurm import Slurm
+from jupyter_hpcdl.batchsystems.slurm import Slurm
 
 REC = Path(__file__).parent / "recorded" / "gridengine"
 REQ = JobRequest("gpu", 1, 2, 90, "base", "hpcdl/base:latest", account="proj1")
@@ -170,7 +170,7 @@ def test_grid_engine_script_passes_secrets_by_file_not_by_environment():
 
 def test_the_job_side_finds_its_scheduler_and_its_hosts():
     from jupyter_hpcdl.launch import _parse_hosts
-    from jupyter_hpcdl.spawner.scheduler import job_scheduler
+    from jupyter_hpcdl.batchsystems.scheduler import job_scheduler
 
     assert job_scheduler({"SLURM_JOB_ID": "5"}).name == "slurm"
     assert job_scheduler({"JOB_ID": "7", "SGE_ROOT": "/var/lib/gridengine"}).name == "gridengine"

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from traitlets.config import Config
 
-from jupyter_hpcdl.spawner.lsf import Lsf
-from jupyter_hpcdl.spawner.options import JobRequest
+from jupyter_hpcdl.batchsystems.lsf import Lsf
+from jupyter_hpcdl.batchsystems.scheduler import JobRequest
 from jupyter_hpcdl.spawner.orphans import JobMark, is_orphan
-from jupyter_hpcdl.spawner.pbs import Pbs
-from jupyter_hpcdl.spawner.scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, load_scheduler
+from jupyter_hpcdl.batchsystems.pbs import Pbs
+from jupyter_hpcdl.batchsystems.scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, load_scheduler
 from jupyter_hpcdl.spawner.script import ScriptContext, build_batch_script
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -211,7 +211,7 @@ def test_lsf_availability():
 # -- registration ------------------------------------------------------------------------------------------------------
 def test_pyproject_registers_both_adapters():
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["jupyter_hpcdl.schedulers"]
-    assert eps["pbs"] == "jupyter_hpcdl.spawner.pbs:Pbs" and eps["lsf"] == "jupyter_hpcdl.spawner.lsf:Lsf"
+    assert eps["pbs"] == "jupyter_hpcdl.batchsystems.pbs:Pbs" and eps["lsf"] == "jupyter_hpcdl.batchsystems.lsf:Lsf"
     assert (Pbs.name, Pbs.directive, Lsf.name, Lsf.directive) == ("pbs", "#PBS", "lsf", "#BSUB")
 
 

@@ -8,7 +8,7 @@ from traitlets.config import Config
 from jupyter_hpcdl.spawner.options import OptionsError, validate_options
 from jupyter_hpcdl.spawner.profile import SiteProfile
 from jupyter_hpcdl.spawner.script import ScriptContext, build_batch_script
-from jupyter_hpcdl.spawner.slurm import Slurm
+from jupyter_hpcdl.batchsystems.slurm import Slurm
 
 
 def site(limits: dict) -> SiteProfile:

@@ -14,8 +14,8 @@ from jupyter_hpcdl.spawner.commands import Result
 from jupyter_hpcdl.spawner import commands
 from jupyter_hpcdl.spawner.orphans import JobMark, OrphanSweeper, find_suspects, is_orphan
 from jupyter_hpcdl.spawner.queue import JobQueue
-from jupyter_hpcdl.spawner.scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo
-from jupyter_hpcdl.spawner.slurm import Slurm
+from jupyter_hpcdl.batchsystems.scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo
+from jupyter_hpcdl.batchsystems.slurm import Slurm
 
 
 class FlakyScheduler:

@@ -9,14 +9,14 @@ from hypothesis import given, settings, strategies as st
 
 from jupyter_hpcdl.spawner.api import parse_callback
 from jupyter_hpcdl.spawner.commands import Result, as_user
-from jupyter_hpcdl.spawner.gridengine import GridEngine
+from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.spawner.orphans import JobMark
 from jupyter_hpcdl.spawner.options import FIELDS, OptionsError, request_to_options, validate_options
 from jupyter_hpcdl.spawner.profile import Image, Partition, Profile, parse_walltime
 from jupyter_hpcdl.spawner.queue import JobQueue
-from jupyter_hpcdl.spawner.scheduler import ENDED, PENDING, RUNNING
+from jupyter_hpcdl.batchsystems.scheduler import ENDED, PENDING, RUNNING
 from jupyter_hpcdl.spawner.script import ScriptContext, build_batch_script
-from jupyter_hpcdl.spawner.slurm import Slurm
+from jupyter_hpcdl.batchsystems.slurm import Slurm
 
 PROFILE = Profile(
     partitions={"gpu": Partition("gpu", max_nodes=2, max_gpus_per_node=4, max_walltime=240),

@@ -16,8 +16,8 @@ import pytest
 
 from hubclient import Hub
 from jupyter_hpcdl.spawner.commands import run
-from jupyter_hpcdl.spawner.options import JobRequest
-from jupyter_hpcdl.spawner.scheduler import ENDED, Scheduler, load_scheduler
+from jupyter_hpcdl.batchsystems.scheduler import JobRequest
+from jupyter_hpcdl.batchsystems.scheduler import ENDED, Scheduler, load_scheduler
 from test_spawner_hub import KERNEL_REPORT, _server_token, _Session, progress_messages, spawn
 
 pytestmark = pytest.mark.testbed

@@ -4,8 +4,8 @@ import asyncio
 import pytest
 
 from jupyter_hpcdl.allocation import AllocationOwner, engines_argv, handle
-from jupyter_hpcdl.spawner.gridengine import GridEngine
-from jupyter_hpcdl.spawner.slurm import Slurm, expand_tasks_per_node, slurm_hosts
+from jupyter_hpcdl.batchsystems.gridengine import GridEngine
+from jupyter_hpcdl.batchsystems.slurm import Slurm, expand_tasks_per_node, slurm_hosts
 from jupyter_hpcdl.tasks import gpu_share, spread
 from jupyter_hpcdl.world import Slot, gloo_env, hosts_from_tasks, plan_slots, task_slot
 

@@ -21,9 +21,9 @@ from traitlets.config.loader import PyFileConfigLoader
 from jupyter_hpcdl import __version__
 from jupyter_hpcdl.containers.site import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV, load_site
 from jupyter_hpcdl.spawner.commands import as_user
-from jupyter_hpcdl.spawner.options import JobRequest
+from jupyter_hpcdl.batchsystems.scheduler import JobRequest
 from jupyter_hpcdl.spawner.profile import Profile, SiteProfile
-from jupyter_hpcdl.spawner.scheduler import ENDED, Scheduler, load_scheduler
+from jupyter_hpcdl.batchsystems.scheduler import ENDED, Scheduler, load_scheduler
 
 from .assess import Expected, assess_node
 from .exchange import DEFAULT_PARENT, ExchangeError, collect, prepare, remove, run_as

@@ -5,7 +5,7 @@ from __future__ import annotations
 from jinja2 import Environment
 
 from .profile import Profile, format_walltime
-from .scheduler import Availability
+from ..batchsystems.scheduler import Availability
 
 _TEMPLATE = Environment(autoescape=True).from_string("""
 <div class="hpcdl-form">

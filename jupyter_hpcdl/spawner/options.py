@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..batchsystems.scheduler import JobRequest
 from .profile import Profile, format_walltime, parse_walltime
 
 FIELDS = ("partition", "nodes", "gpus_per_node", "walltime", "memory_gb", "account", "image", "gpu_type")
@@ -13,28 +14,6 @@ FIELDS = ("partition", "nodes", "gpus_per_node", "walltime", "memory_gb", "accou
 
 class OptionsError(ValueError):
     """A user option is not allowed; the message says which and what is."""
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    partition: str
-    nodes: int
-    gpus_per_node: int
-    walltime_minutes: int
-    image: str  # catalogue name
-    image_ref: str
-    account: str | None = None
-    gpu_type: str | None = None
-    memory_gb: int | None = None  # per node; None where the partition sets no memory limit
-    reservation: str | None = None  # the site's, from the user's or group's limits (never a user option)
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.nodes * self.gpus_per_node * self.walltime_minutes / 60
-
-    @property
-    def walltime(self) -> str:
-        return format_walltime(self.walltime_minutes)
 
 
 def _one(raw: Mapping[str, Any], key: str) -> Any:

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from .commands import cancel_as_user
 from .queue import JobQueue, SchedulerUnreachable
-from .scheduler import ENDED, JobInfo
+from ..batchsystems.scheduler import ENDED, JobInfo
 
 MARK_PREFIX = "jupyterhub-hpcdl"
 _TAG = re.compile(r"[A-Za-z0-9._-]{1,40}")

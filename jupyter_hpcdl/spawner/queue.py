@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Awaitable, Callable
 
 from .commands import Result, run
-from .scheduler import ENDED, PENDING, UNKNOWN, JobInfo, Scheduler
+from ..batchsystems.scheduler import ENDED, PENDING, UNKNOWN, JobInfo, Scheduler
 
 Runner = Callable[..., Awaitable[Result]]
 

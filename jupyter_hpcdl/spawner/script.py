@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .options import JobRequest
-from .scheduler import Scheduler
+from ..batchsystems.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

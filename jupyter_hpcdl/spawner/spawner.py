@@ -33,7 +33,7 @@ from .orphans import JobMark, OrphanSweeper, check_hub_tag
 from .options import JobRequest, OptionsError, request_to_options, validate_options
 from .profile import Profile, SiteProfile
 from .queue import JobQueue, shared_queue
-from .scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo, Scheduler, load_scheduler
+from ..batchsystems.scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo, Scheduler, load_scheduler
 from .script import ScriptContext, build_batch_script
 
 JOB_ENV = ("PATH", "HOME", "USER", "LANG")

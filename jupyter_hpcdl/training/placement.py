@@ -196,7 +196,7 @@ ENGINE_LAUNCHERS = {"slurm": ("slurm", "SlurmEngineSetLauncher"), "gridengine": 
 def submitting_scheduler(env=None):
     """The batch system a new job goes to from here (outside an owner): this job's, or the one whose client is
     installed; None if there is none."""
-    from ..spawner.scheduler import job_scheduler, load_scheduler
+    from ..batchsystems.scheduler import job_scheduler, load_scheduler
 
     env = os.environ if env is None else env
     found = job_scheduler(env)
@@ -221,7 +221,7 @@ class NewAllocationPlacement(Placement):
     def start(self, on_controller, get) -> Engines:
         from traitlets.config import Config
 
-        from ..spawner.scheduler import load_scheduler
+        from ..batchsystems.scheduler import load_scheduler
 
         o = self.options
         submit, python, sock = {}, sys.executable, owner_socket()

@@ -32,8 +32,7 @@ from typing import Any, Sequence
 
 from traitlets import Bool, Unicode
 
-from .options import JobRequest
-from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler
+from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler, JobRequest
 
 #: PBS's job states (Reference Guide, "Job States"), by the words the documentation gives them.
 _STATES = {"Q": "QUEUED", "H": "HELD", "W": "WAITING", "T": "TRANSIT", "S": "SUSPENDED", "U": "USER_SUSPENDED",

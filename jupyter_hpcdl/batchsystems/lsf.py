@@ -29,8 +29,7 @@ from typing import Any, Sequence
 
 from traitlets import Dict, List, Unicode
 
-from .options import JobRequest
-from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler
+from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler, JobRequest
 
 _PENDING = {"PEND", "PSUSP", "WAIT"}
 _RUNNING = {"RUN", "USUSP", "SSUSP", "PROV", "UNKWN"}

@@ -6,8 +6,7 @@ from typing import Sequence
 
 from jupyter_hpcdl.jobvalues import gres_count
 
-from .options import JobRequest
-from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, JobResources, RankJob, Scheduler
+from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, JobResources, RankJob, Scheduler, JobRequest
 
 _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}

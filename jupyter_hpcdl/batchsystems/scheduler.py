@@ -10,11 +10,35 @@ from typing import Mapping, Sequence
 from traitlets import List, Unicode, validate
 from traitlets.config import Configurable
 
-from .options import JobRequest
+from ..jobvalues import format_walltime
 
 PENDING, RUNNING, ENDED = "pending", "running", "ended"
 #: The scheduler could not be asked (an error or a timeout): the job may be anywhere. Never the same as ended.
 UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A checked request for a job (the spawner's options form builds it): every value bounded and allow-listed."""
+
+    partition: str
+    nodes: int
+    gpus_per_node: int
+    walltime_minutes: int
+    image: str  # catalogue name
+    image_ref: str
+    account: str | None = None
+    gpu_type: str | None = None
+    memory_gb: int | None = None  # per node; None where the partition sets no memory limit
+    reservation: str | None = None  # the site's, from the user's or group's limits (never a user option)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.nodes * self.gpus_per_node * self.walltime_minutes / 60
+
+    @property
+    def walltime(self) -> str:
+        return format_walltime(self.walltime_minutes)
 
 
 @dataclass(frozen=True)

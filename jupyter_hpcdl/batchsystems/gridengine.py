@@ -23,8 +23,7 @@ from typing import Sequence
 
 from traitlets import Unicode
 
-from .options import JobRequest
-from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, JobResources, RankJob, Scheduler
+from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, JobResources, RankJob, Scheduler, JobRequest
 
 _JOB_ID = re.compile(r"\d+")
 #: What qstat -j says before the scheduler has passed over a job: no reason yet.
