@@ -40,7 +40,7 @@ SOCKET_ENV = "HPCDL_ALLOCATION_FILE"
 #: engines' tasks have between SIGTERM and SIGKILL.
 COMMAND_TIMEOUT_S = 60.0
 QUERY_TIMEOUT_S = 15.0
-STOP_GRACE_S = 30.0
+STOP_GRACE_S = 60.0  # longer than jupyter_hpcdl.tasks takes to end tasks started alone
 #: What MPI in the container needs from srun's PMIx: its per-task variables, and its rendezvous under /tmp.
 MPI_IN_CONTAINER = ("--env-prefix=PMIX_", "--env-prefix=SLURM_", "--env-prefix=OMPI_", "--volume=/tmp")
 #: What an engine in a container gets by name: the kernel's variables, its task (the batch system's or
@@ -150,7 +150,7 @@ def job_time_left(job_id: str | None = None, sched: Scheduler | None = None, tim
         return None
     try:
         found = _resources(sched, run_command(sched.resources_argv(job_id), timeout, env))
-    except (OSError, ValueError):
+    except (OSError, ValueError, NotImplementedError):
         return None
     return found.time_left_s if found else None
 
@@ -160,7 +160,7 @@ async def job_time_left_async(sched: Scheduler, job_id: str, env: Mapping[str, s
     """:func:`job_time_left` on the event loop."""
     try:
         found = _resources(sched, await run_command_async(sched.resources_argv(job_id), timeout, env))
-    except (OSError, ValueError):
+    except (OSError, ValueError, NotImplementedError):
         return None
     return found.time_left_s if found else None
 

@@ -1,5 +1,5 @@
-"""The batch commands of a kernel without a scheduler client (inside its container): ipyparallel's Slurm launcher
-calls ``python -m jupyter_hpcdl.jobclient submit FILE`` and ``... cancel JOBID`` in place of sbatch and scancel, and
+"""The batch commands of a kernel without a scheduler client (inside its container): ipyparallel's batch launcher
+calls ``python -m jupyter_hpcdl.jobclient submit FILE`` and ``... cancel JOBID`` in place of the scheduler's, and
 the allocation's owner on the host runs them."""
 from __future__ import annotations
 

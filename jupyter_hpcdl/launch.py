@@ -1,5 +1,5 @@
-"""``hpcdl-launch``: run a command as Horovod ranks, one per Slurm task, each inside the user's udocker container,
-joined over Gloo through a rendezvous this launcher owns. Run it inside an allocation (a batch script or salloc)::
+"""``hpcdl-launch``: run a command as Horovod ranks, one per task of the batch job, each inside the user's udocker
+container, joined over Gloo through a rendezvous this launcher owns. Run it inside an allocation (a batch script or salloc)::
 
     hpcdl-launch --image hpcdl/base:latest -- python3 train.py
 
@@ -215,10 +215,10 @@ def run_batch(args, command: list[str], sched) -> tuple[int, str]:
             code = subprocess.call(step, env=env)
             return code, f"{step[0]} exited with {code}"
         names = [RENDEZVOUS_ENV, *(n for n in args.env if n in os.environ)]  # a task alone gets only what is named
+        alone = sched.hosts_argv(os.environ) is None  # no parallel environment: the job's one slot is here
         for slot in plan_slots(hosts):
-            ranks.start(slot.rank, sched.task_argv(slot.hostname, names,
-                                                   rank_argv(f"--slot={slot.rank}")), env,
-                        hold_stdin=True)
+            one = rank_argv(f"--slot={slot.rank}")
+            ranks.start(slot.rank, one if alone else sched.task_argv(slot.hostname, names, one), env, hold_stdin=True)
         return ranks.watch()
     except _Stopped as e:
         _end(ranks.procs)  # with the grace, as srun gives its tasks
@@ -248,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         run = run_local
     elif args.rank:
-        return run_rank(args, command)
+        try:
+            return run_rank(args, command)
+        except (ValueError, OSError) as e:
+            print(f"hpcdl-launch --rank: {e}", file=sys.stderr)
+            return 2
     elif (sched := job_scheduler(os.environ)) is None:
         print("hpcdl-launch: not inside a batch job: run it from a batch script (sbatch, qsub) or an interactive "
               "allocation (salloc), or give --local N to run N ranks on this machine", file=sys.stderr)
@@ -268,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         code, why = run(args, command)
     except _Stopped as e:
         code, why = 128 + e.signum, f"stopped by {e}"
-    except (ValueError, subprocess.SubprocessError) as e:  # what the batch system gave this job cannot hold the ranks (no PE, say)
+    except (ValueError, OSError, subprocess.SubprocessError) as e:  # the job cannot hold the ranks, or was not read
         code, why = 2, str(e)
     print(f"hpcdl-launch: {why}", file=sys.stderr, flush=True)
     if args.status_file:

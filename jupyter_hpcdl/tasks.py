@@ -75,7 +75,14 @@ def _term_with_parent() -> Callable[[], None] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-    return lambda: prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(143)
+
+    return arm
 
 
 def supervise(argv: list[str]) -> int:
@@ -117,6 +124,7 @@ def end_groups(procs: Sequence[subprocess.Popen], grace: float) -> None:
 
 
 def end_tasks(procs: Sequence[subprocess.Popen], grace: float = GRACE_S + 25) -> None:
+    # (the default: longer than a supervisor's own end of its rank, and shorter than the allocation owner's grace)
     """Tasks started alone: close their stdin (their supervisors end the ranks), then signal what is left."""
     for proc in procs:
         if proc.stdin and not proc.stdin.closed:
@@ -152,14 +160,14 @@ def run_one(args, command: list[str]) -> int:
 
 
 def run_tasks(sched, args, command: list[str]) -> int:
+    if not hasattr(sched, "step_argv") and not hasattr(sched, "task_argv"):
+        raise ValueError(f"starting tasks inside a {sched.name} job is not supported yet (Slurm and Grid Engine are)")
     hosts = job_hosts(sched, os.environ)
     ranks = args.ranks or sum(n for _, n in hosts)
     if hasattr(sched, "step_argv"):
         step = sched.step_argv(ranks, command, kill_on_bad_exit=False, nodes=min(len(hosts), ranks),
                                gpus_per_task=args.gpus_per_rank, mpi=args.mpi, job_name=args.name)
         os.execvp(step[0], step)  # the step is this process: stopping it stops the step
-    if not hasattr(sched, "task_argv"):
-        raise ValueError(f"starting tasks inside a {sched.name} job is not supported yet (Slurm and Grid Engine are)")
     if args.mpi:
         raise ValueError(f"an MPI world from the batch system needs Slurm's PMIx; in a {sched.name} job use Gloo")
     names = [n for n in args.env if n in os.environ and n != "CUDA_VISIBLE_DEVICES"]
@@ -167,21 +175,25 @@ def run_tasks(sched, args, command: list[str]) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
+    alone = sched.hosts_argv(os.environ) is None  # no parallel environment: the job's one slot is here
     try:
         rank = 0
         for host, n in spread(hosts, ranks):
             for local in range(n):
+                if stop.is_set():
+                    return 143
                 one = [sys.executable, "-m", "jupyter_hpcdl.tasks", "--one", f"--rank={rank}",
                        f"--local-rank={local}", f"--node={host}", f"--gpus-per-rank={args.gpus_per_rank}", "--",
                        *command]
                 # its own session: a stop of this launcher's group reaches the tasks through their stdin, not by
                 # killing qrsh (which would leave the remote task running)
-                procs.append(subprocess.Popen(sched.task_argv(host, names, one), stdin=subprocess.PIPE,
-                                              start_new_session=True))
+                procs.append(subprocess.Popen(one if alone else sched.task_argv(host, names, one),
+                                              stdin=subprocess.PIPE, start_new_session=True))
                 rank += 1
         while not stop.wait(0.2):
             if all(proc.poll() is not None for proc in procs):
-                return next((proc.returncode for proc in procs if proc.returncode), 0)
+                code = next((proc.returncode for proc in procs if proc.returncode), 0)
+                return 128 - code if code < 0 else code
         return 143
     finally:
         end_tasks(procs)
@@ -205,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_tasks(sched, args, command)
     except (ValueError, OSError, subprocess.SubprocessError) as e:
         print(f"jupyter_hpcdl.tasks: {e}", file=sys.stderr)
+        return 2
+    except NotImplementedError:
+        print("jupyter_hpcdl.tasks: this batch system's adapter cannot list a job's hosts yet", file=sys.stderr)
         return 2
 
 

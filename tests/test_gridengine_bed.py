@@ -173,3 +173,23 @@ def test_jobs_get_their_own_gpus_and_their_tasks_the_same(alice, queue):
         assert lines["task"] == lines["job"], lines
         seen.append(set(lines["job"].split(",")))
     assert all(len(s) == 2 for s in seen) and not seen[0] & seen[1], seen
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_tasks_run_one_per_slot_each_with_its_rank_and_own_gpu(bed, alice, queue, gpus):
+    """``jupyter_hpcdl.tasks`` in a job: one task per slot (qrsh -inherit in a PE; here, in a job of one slot,
+    which has no PE), each knowing its rank and seeing one GPU of the job's."""
+    python = bed["venv"] + "/bin/python"
+    body = (f"{python} -m jupyter_hpcdl.tasks --ranks={gpus} --gpus-per-rank=1 -- "
+            "sh -c 'echo task=$HPCDL_TASK_RANK:$HPCDL_TASK_NODE:$CUDA_VISIBLE_DEVICES'; echo code=$?")
+
+    async def go():
+        job_id = await submit(alice, script(alice, gpus, body))
+        await wait_phase(queue, job_id, {ENDED}, timeout=90)
+        return job_id
+
+    text = Path(alice.home, f"sge-{asyncio.run(go())}.log").read_text()
+    tasks = sorted(line.split("=", 1)[1].split(":") for line in text.split() if line.startswith("task="))
+    assert "code=0" in text, text[-2000:]
+    assert [(rank, node) for rank, node, _ in tasks] == [(str(r), bed["sge_host"]) for r in range(gpus)], text[-2000:]
+    assert len({gpu for *_, gpu in tasks}) == gpus and all(gpu and "," not in gpu for *_, gpu in tasks), tasks

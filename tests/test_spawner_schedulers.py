@@ -215,6 +215,7 @@ def test_the_notebooks_training_new_allocation_and_batch_run_work_the_same(site,
     assert len(result["nodes"]) == 1 and result["loss"][-1] < result["loss"][0], result
     assert 0 < result["time_left"] <= 30 * 60, "the walltime left, as the scheduler says"
     assert result["new_world"] == [[0, 2], [1, 2]] and all(g and "," not in g for g in result["new_gpus"]), result
+    assert len(set(result["new_gpus"])) == 2, "each rank of the new job its own GPU"
     assert 0 < result["new_time_left"] <= 10 * 60 and result["new_loss"][-1] < result["new_loss"][0], result
     assert ended(site, "alice", result["new_job"]), "the new allocation outlived its session"
     assert ended(site, "alice", result["batch_job"]), "the batch run's job did not end with its ranks"

@@ -67,7 +67,8 @@ def test_engines_are_tasks_over_the_job_each_in_the_container_with_its_gpu():
     assert argv[cut + 1:cut + 5] == ["/v/bin/python", "-m", "jupyter_hpcdl.containers", "run"]
     assert argv[-7:] == ["hpcdl/base:latest", "--", "python3", "-m", "ipyparallel.engine",
                          "--file=/home/a/.ipython/x-engine.json", "--quiet"]
-    assert "--env=HPCDL_TASK_RANK" in argv and "--env=SLURM_PROCID" in argv and "SECRET" not in " ".join(argv)
+    assert "--env=HPCDL_TASK_RANK" in argv and "--env=SLURM_PROCID" in argv
+    assert not any("/a.json" in word or "0,1" in word for word in argv), "names only, never values"
     for bad, says in (((0, "hpcdl/base:latest", "/x.json"), "1 to 4096 ranks"),
                       ((2, "Bad Image", "/x.json"), "image reference"), ((2, "hpcdl/base:latest", "x.json"), "absolute")):
         with pytest.raises(ValueError, match=says):
@@ -98,6 +99,8 @@ def test_tasks_started_alone_fill_the_hosts_in_order_each_with_its_share_of_gpus
     assert sge.parse_hosts("vm 2 gpu@vm UNDEFINED\nvm2 2 gpu@vm2 UNDEFINED\n", {"PE_HOSTFILE": "/x"}) == [
         ("vm", 2), ("vm2", 2)]
     assert sge.hosts_argv({}) is None and sge.parse_hosts("", {"HOSTNAME": "vm"}) == [("vm", 1)], "no PE: one slot"
+    with pytest.raises(ValueError, match="SLURM_PROCID is unset"):
+        Slurm().task_index({})
 
 
 def test_owner_api_validates_and_says_what_is_wrong():
@@ -172,3 +175,14 @@ def test_an_owner_in_a_job_of_an_adapter_without_the_jobs_side_says_so():
     assert owner.sched is not None and owner.sched.name == "pbs" and owner.job_id == "5.server"
     status, reply = ask(owner, "GET", "/allocation", {})
     assert status == 400 and "not supported in a pbs job yet" in reply["message"]
+
+
+def test_tasks_say_what_is_missing_instead_of_a_traceback(capsys, monkeypatch):
+    from jupyter_hpcdl.tasks import main
+
+    for name in ("SLURM_JOB_ID", "JOB_ID", "PBS_JOBID", "LSB_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["--ranks=1", "--", "true"]) == 2 and "not inside a batch job" in capsys.readouterr().err
+    monkeypatch.setenv("PBS_JOBID", "5.server")
+    assert main(["--ranks=1", "--", "true"]) == 2
+    assert "inside a pbs job is not supported yet" in capsys.readouterr().err

@@ -167,8 +167,10 @@ class Slurm(Scheduler):
 
     def task_index(self, env) -> tuple[int, str | None, int | None]:
         """A step's task: its index, node and local index, from the variables srun gives it."""
-        local = env.get("SLURM_LOCALID")
-        return int(env["SLURM_PROCID"]), env.get(self.node_env), int(local) if local is not None else None
+        local, index = env.get("SLURM_LOCALID"), env.get("SLURM_PROCID", "")
+        if not index.isdigit():
+            raise ValueError("not a task of a Slurm step (SLURM_PROCID is unset)")
+        return int(index), env.get(self.node_env), int(local) if local is not None else None
 
     def resources_argv(self, job_id: str) -> list[str]:
         return ["squeue", "-h", "-j", job_id, "-o", "%L|%P|%b"]

@@ -189,8 +189,14 @@ class AllocationPlacement(Placement):
 
 
 #: ipyparallel's engine launcher for each batch system's adapter.
-ENGINE_LAUNCHERS = {"slurm": ("slurm", "SlurmEngineSetLauncher"), "gridengine": ("sge", "SGEEngineSetLauncher"),
-                    "pbs": ("pbs", "PBSEngineSetLauncher"), "lsf": ("lsf", "LSFEngineSetLauncher")}
+ENGINE_LAUNCHERS = {"slurm": ("slurm", "SlurmEngineSetLauncher"), "gridengine": ("sge", "SGEEngineSetLauncher")}
+
+
+def _client_here(sched) -> bool:
+    try:
+        return shutil.which(sched.submit_file_argv("job")[0]) is not None
+    except NotImplementedError:
+        return False
 
 
 def submitting_scheduler(env=None):
@@ -205,10 +211,10 @@ def submitting_scheduler(env=None):
     for name in ENGINE_LAUNCHERS:
         try:
             sched = load_scheduler(name)
-            if shutil.which(sched.submit_file_argv("job")[0]):
-                return sched
-        except (ValueError, NotImplementedError):
+        except ValueError:
             continue
+        if _client_here(sched):
+            return sched
     return None
 
 
@@ -226,7 +232,7 @@ class NewAllocationPlacement(Placement):
         o = self.options
         submit, python, sock = {}, sys.executable, owner_socket()
         sched = submitting_scheduler()
-        if sched is None or not shutil.which(sched.submit_file_argv("job")[0]):
+        if sched is None or not _client_here(sched):
             if not sock:
                 raise RuntimeError("where='new' submits a batch job, but there is no batch system's client here "
                                    "and no jupyter-hpcdl job whose owner could submit it")
@@ -242,8 +248,8 @@ class NewAllocationPlacement(Placement):
         addr = self._addr()
         try:
             template = engines_job_template(sched, o.new_allocation or NewAllocation(), o.ranks, python, o.mpi)
-        except ValueError as e:
-            raise RuntimeError(f"the ranks' job cannot be written for {sched.name}: {e}") from None
+        except (ValueError, NotImplementedError) as e:
+            raise RuntimeError(f"the ranks' job cannot be written for {sched.name}: {e or 'not supported yet'}") from None
         config = Config({launcher: {
             **submit,
             "batch_template": template,
