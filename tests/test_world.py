@@ -1,5 +1,7 @@
 """Rank slots computed from the batch system's layout agree with Horovod's own plan."""
 import asyncio
+import os
+import sys
 
 import pytest
 
@@ -186,3 +188,66 @@ def test_tasks_say_what_is_missing_instead_of_a_traceback(capsys, monkeypatch):
     monkeypatch.setenv("PBS_JOBID", "5.server")
     assert main(["--ranks=1", "--", "true"]) == 2
     assert "inside a pbs job is not supported yet" in capsys.readouterr().err
+
+
+class _HereAdapter:
+    """A batch system whose tasks "started alone" run on this machine: what tasks.run_tasks does with them."""
+
+    name = "here"
+
+    def __init__(self, slots: int):
+        self.slots = slots
+
+    def hosts_argv(self, env):
+        return ["echo", f"here {self.slots}"]
+
+    def parse_hosts(self, stdout, env):
+        host, n = stdout.split()
+        return [(host, int(n))]
+
+    def task_argv(self, host, names, argv):
+        return list(argv)
+
+
+def _tasks_args(*words):
+    from jupyter_hpcdl.tasks import _parser
+
+    args = _parser().parse_args(list(words))
+    return args, args.command[1:]
+
+
+def test_tasks_started_alone_know_their_rank_and_gpu_and_give_the_first_failure(tmp_path, monkeypatch):
+    from jupyter_hpcdl.tasks import run_tasks
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    out = tmp_path / "seen"
+    code = ("import os, sys; open(sys.argv[1] + os.environ['HPCDL_TASK_RANK'], 'w').write("
+            "os.environ['HPCDL_TASK_NODE'] + ' ' + os.environ['CUDA_VISIBLE_DEVICES']); "
+            "sys.exit(int(os.environ['HPCDL_TASK_RANK']) * 3)")
+    args, command = _tasks_args("--ranks=2", "--gpus-per-rank=1", "--", sys.executable, "-c", code, str(out))
+    assert run_tasks(_HereAdapter(2), args, command) == 3, "the failing task's code"
+    assert [(tmp_path / f"seen{r}").read_text() for r in (0, 1)] == ["here 4", "here 5"]
+
+
+def test_a_stopped_launcher_ends_its_tasks_through_their_stdin(tmp_path):
+    import signal
+    import threading
+
+    import psutil
+
+    from jupyter_hpcdl.tasks import run_tasks
+
+    marker = f"hpcdl-test-{os.getpid()}"
+    args, command = _tasks_args("--ranks=2", "--", sys.executable, "-c", "import time; time.sleep(120)", marker)
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    signal.signal(signal.SIGTERM, lambda *_: None)  # never pytest's own end, whatever run_tasks does
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        code = run_tasks(_HereAdapter(2), args, command)
+    finally:
+        timer.cancel()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or ())]
+    assert code == 143 and not left, (code, left)
