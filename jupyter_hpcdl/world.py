@@ -4,8 +4,9 @@ the batch system says (its hosts and their slots), so ranks can be started by sr
 else."""
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,26 @@ def hosts_from_tasks(tasks: Sequence[tuple[int, str]]) -> list[tuple[str, int]]:
     return hosts
 
 
-def iface_for(addr: str) -> str:
-    """The network interface that holds ``addr`` (Gloo binds there)."""
-    import psutil
+def iface_for(addr: str, interfaces: Mapping[str, Sequence[tuple[str, str | None]]] | None = None) -> str:
+    """The network interface that holds ``addr`` (Gloo binds there): the one with that address, else the one whose
+    network holds it (a host named by another address of loopback's 127.0.0.0/8, say). ``interfaces``: name →
+    (address, netmask) pairs; this machine's by default."""
+    if interfaces is None:
+        import psutil
 
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == addr for a in addrs):
+        interfaces = {name: [(a.address, a.netmask) for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
+    for name, addrs in interfaces.items():
+        if any(a == addr for a, _ in addrs):
             return name
+    try:
+        wanted = ipaddress.ip_address(addr)
+    except ValueError:
+        raise ValueError(f"{addr!r} is not an IP address") from None
+    for name, addrs in interfaces.items():
+        for a, mask in addrs:
+            try:
+                if mask and wanted in ipaddress.ip_network(f"{a.split('%')[0]}/{mask}", strict=False):
+                    return name
+            except ValueError:  # a link-layer address, or one of another family
+                continue
     raise ValueError(f"no network interface holds {addr}: give the interface explicitly")

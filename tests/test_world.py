@@ -9,7 +9,7 @@ from jupyter_hpcdl.allocation import AllocationOwner, engines_argv, handle
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.batchsystems.slurm import Slurm, expand_tasks_per_node, slurm_hosts
 from jupyter_hpcdl.tasks import gpu_share, spread
-from jupyter_hpcdl.world import Slot, gloo_env, hosts_from_tasks, plan_slots, task_slot
+from jupyter_hpcdl.world import Slot, gloo_env, hosts_from_tasks, iface_for, plan_slots, task_slot
 
 hosts_mod = pytest.importorskip("horovod.runner.common.util.hosts")
 
@@ -251,3 +251,18 @@ def test_a_stopped_launcher_ends_its_tasks_through_their_stdin(tmp_path):
             signal.signal(sig, handler)
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or ())]
     assert code == 143 and not left, (code, left)
+
+
+def test_the_interface_of_an_address_is_the_one_holding_it_or_its_network():
+    interfaces = {"lo": [("127.0.0.1", "255.0.0.0"), ("::1", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")],
+                  "eth0": [("192.0.2.2", "255.255.255.0"), ("fe80::1%eth0", "ffff:ffff:ffff:ffff::"),
+                           ("02:00:00:00:00:01", None)]}
+    assert iface_for("192.0.2.2", interfaces) == "eth0"
+    assert iface_for("127.0.0.1", interfaces) == "lo"
+    assert iface_for("127.0.0.2", interfaces) == "lo"  # a second host's name on loopback (the bed's Grid Engine)
+    assert iface_for("192.0.2.9", interfaces) == "eth0"
+    with pytest.raises(ValueError, match="no network interface holds 10.1.1.1"):
+        iface_for("10.1.1.1", interfaces)
+    with pytest.raises(ValueError, match="not an IP address"):
+        iface_for("node1", interfaces)
+    assert iface_for("127.0.0.1") == "lo"  # this machine's own
