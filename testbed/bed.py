@@ -2,7 +2,7 @@
 the pids it recorded.  ``python testbed/bed.py up|down|purge|status``  (as root, after testbed/install.sh).
 
 - munge and Slurm (a controller and slurmd ``node1``, ``node2``, each with 4 fake GPUs as generic resources)
-- Son of Grid Engine beside it (qmaster, one execd: this machine with 4 GPUs as a consumable, queue ``gpu``)
+- Son of Grid Engine beside it (qmaster, two execution hosts with 4 GPUs each as a consumable, queue ``gpu``)
 - users alice and bob, who submit their own jobs
 - udocker's tools built from the distribution's packages into a shared directory, and the site's settings
 - a Docker registry on loopback serving the image built here; alice's udocker pulls it and creates her container
@@ -182,7 +182,7 @@ def prepare_hub(place: config.HubPlace = config.HUB) -> bool:
     if place is config.HUB:
         text = config.hub_config(STATE, PREFIX, list(USERS), password, list(WORKSHOP_USERS))
     else:
-        text = config.sge_hub_config(STATE, PREFIX, list(USERS), password, gridengine.host())
+        text = config.sge_hub_config(STATE, PREFIX, list(USERS), password, gridengine.hosts())
     return write_if_changed(d / "jupyterhub_config.py", text, 0o600)
 
 
@@ -281,7 +281,7 @@ def describe(identity: dict | None = None) -> dict:
         "registry": f"http://{config.REGISTRY}", "site_config": str(SITE_JSON),
         "hub_url": f"http://127.0.0.1:{config.HUB_PORT}", "hub_dir": str(STATE / "hub"),
         "sge_hub_url": f"http://127.0.0.1:{config.SGE_HUB_PORT}", "sge_hub_dir": str(STATE / config.SGE_HUB.dirname),
-        "sge_host": gridengine.host(), "sge_queue": gridengine.QUEUE,
+        "sge_host": gridengine.host(), "sge_hosts": gridengine.hosts(), "sge_queue": gridengine.QUEUE,
     }
 
 

@@ -11,6 +11,8 @@ CTLD_PORT = 16817
 REGISTRY = "127.0.0.1:5000"
 HUB_PORT = 8000
 SGE_HUB_PORT = 8100  # a second hub for the same site on Son of Grid Engine
+#: Grid Engine's second execution host: a name and loopback address of its own (see gridengine.py)
+SGE_SECOND_HOST, SGE_SECOND_ADDR = "sge2", "127.0.0.2"
 WORKSHOP_PORT = 8092  # the instructor's page (a hub-managed service on loopback)
 WORKSHOP_GROUP = "workshop"
 PARTITION = "gpu"
@@ -91,10 +93,10 @@ def hub_config(state: Path, prefix: Path, users: list[str], password: str, works
     return _hub_config(state, prefix, users, password, workshop_users, HUB, list(NODES))
 
 
-def sge_hub_config(state: Path, prefix: Path, users: list[str], password: str, host: str) -> str:
-    """The same site on Son of Grid Engine (its one execution host: ``host``): only the scheduler, the nodes and
-    the hub's own ports and files differ."""
-    return _hub_config(state, prefix, users, password, (), SGE_HUB, [host])
+def sge_hub_config(state: Path, prefix: Path, users: list[str], password: str, hosts: list[str]) -> str:
+    """The same site on Son of Grid Engine (its execution hosts: ``hosts``): only the scheduler, the nodes and the
+    hub's own ports and files differ."""
+    return _hub_config(state, prefix, users, password, (), SGE_HUB, hosts)
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ SGE_HUB = HubPlace("hub-sge", SGE_HUB_PORT, 8181, 8101, "gridengine")
 
 def _hub_config(state: Path, prefix: Path, users: list[str], password: str, workshop_users, place: HubPlace,
                 node_names: list[str]) -> str:
-    nodes = {n: "127.0.0.1" for n in node_names}
+    nodes = {n: "127.0.0.1" for n in node_names}  # a job's server listens on its route to the hub: loopback
     d = state / place.dirname
     return f"""# jupyter-hpcdl test bed hub: on loopback only, with configurable-http-proxy.
 c = get_config()  # noqa

@@ -1,9 +1,20 @@
-"""Son of Grid Engine on the bed, beside Slurm: Debian's qmaster and one execd (this machine, under its own name)
-with GPUs as a consumable, parallel environments and the queues ``gpu`` and ``cpu`` (Slurm's partitions). The daemons run in the foreground
-(``SGE_ND``), so the bed records their pids itself; the configuration is applied with ``qconf`` from files, and only
-what differs is changed (a second ``up`` changes nothing). See ../shared/notes/gridengine.md for what was measured."""
+"""Son of Grid Engine on the bed, beside Slurm: Debian's qmaster and two execution hosts on this one machine, with
+GPUs as a consumable, parallel environments and the queues ``gpu`` and ``cpu`` (Slurm's partitions).
+
+The first host is this machine under its own name. The second has a name and a loopback address of its own
+(``config.SGE_SECOND_HOST``, in /etc/hosts): ``sge-hostaddr.c``, preloaded into its execd, gives the daemon and
+its shepherds that name and binds their sockets to that address, so the qmaster, which names a host by the address
+it hears from, sees two hosts (Grid Engine has one execd port for all hosts, so the first execd is bound to its own
+address too). Jobs then span two hosts as on a cluster: ``$PE_HOSTFILE`` names both, ``$HOSTNAME`` is the host's,
+and ``qrsh -inherit`` reaches either. The jobs' own processes are this machine's (its host name, its address),
+which is all Grid Engine's clients in them need.
+
+The daemons run in the foreground (``SGE_ND``), so the bed records their pids itself; the configuration is applied
+with ``qconf`` from files, and only what differs is changed (a second ``up`` changes nothing). See
+../shared/notes/gridengine.md for what was measured."""
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -21,6 +32,7 @@ ENV = {**CLIENT_ENV, "SGE_ND": "1"}  # the daemons stay in the foreground, so th
 QUEUE = config.PARTITION  # the same names as Slurm's partitions, so the site profile carries over unchanged
 QUEUES = (config.PARTITION, config.CPU_PARTITION)
 PES = {"smp": "$pe_slots", **{f"mpi-{n}": str(n) for n in range(1, config.GPUS_PER_NODE + 1)}}
+SHIM_SOURCE = Path(__file__).parent / "sge-hostaddr.c"
 
 
 def host() -> str:
@@ -31,6 +43,16 @@ def host() -> str:
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     return out or socket.gethostname()
+
+
+def hosts() -> list[str]:
+    """The execution hosts, the machine's own first."""
+    return [host(), config.SGE_SECOND_HOST]
+
+
+def address(name: str) -> str:
+    """The address a host's execd binds and speaks from."""
+    return config.SGE_SECOND_ADDR if name == config.SGE_SECOND_HOST else socket.gethostbyname(name)
 
 
 def installed() -> bool:
@@ -58,11 +80,24 @@ def answers() -> bool:
 
 
 def daemons(state: Path) -> list[Daemon]:
+    """The qmaster, then one execd per host."""
     qmaster = Daemon("sge_qmaster", ["/usr/sbin/sge_qmaster"], pidfile=state / "run/sge_qmaster.pid",
                      log=state / "log/sge_qmaster.out", env=ENV, ready=answers)
-    execd = Daemon("sge_execd", ["/usr/sbin/sge_execd"], pidfile=state / "run/sge_execd.pid",
-                   log=state / "log/sge_execd.out", env=ENV, ready=lambda: host_up(host()))
-    return [qmaster, execd]
+    return [qmaster, *execds(state)]
+
+
+def execds(state: Path) -> list[Daemon]:
+    first, second = hosts()
+    shim = {"LD_PRELOAD": str(state / "sge/hostaddr.so")}
+    return [
+        Daemon("sge_execd", ["/usr/sbin/sge_execd"], pidfile=state / "run/sge_execd.pid",
+               log=state / "log/sge_execd.out", env={**ENV, **shim, "HPCDL_SGE_HOST_ADDR": address(first)},
+               ready=lambda: host_up(first)),
+        Daemon(f"sge_execd-{second}", ["/usr/sbin/sge_execd"], pidfile=state / f"run/sge_execd-{second}.pid",
+               log=state / f"log/sge_execd-{second}.out",
+               env={**ENV, **shim, "HPCDL_SGE_HOST_ADDR": address(second), "HPCDL_SGE_HOST_NAME": second},
+               ready=lambda: host_up(second)),
+    ]
 
 
 def host_up(host: str) -> bool:
@@ -70,19 +105,45 @@ def host_up(host: str) -> bool:
     return any(line.split()[:1] == [host] and line.split()[3:4] != ["-"] for line in out.splitlines())
 
 
-def prepare(state: Path) -> None:
+def prepare(state: Path) -> bool:
     """What must be in place before the qmaster starts: clients on loopback are this host, not "localhost"; the
-    GPU starter (Grid Engine binds no GPU itself) with its lock files."""
+    second host's name in /etc/hosts and the shim that gives its execd that address; the GPU starter (Grid Engine
+    binds no GPU itself) with each host's lock files."""
     write(ROOT / CELL / "common/host_aliases", f"{socket.gethostname()} localhost\n")
-    locks = state / "sge/gpus"
-    locks.mkdir(parents=True, exist_ok=True)
+    name, addr = config.SGE_SECOND_HOST, config.SGE_SECOND_ADDR
+    etc_hosts = Path("/etc/hosts")
+    if not any(line.split()[:1] == [addr] and name in line.split()[1:] for line in etc_hosts.read_text().splitlines()):
+        with etc_hosts.open("a") as f:
+            f.write(f"{addr} {name}\n")
+    (state / "sge").mkdir(parents=True, exist_ok=True)
     (state / "sge").chmod(0o755)
-    locks.chmod(0o1777)  # the jobs' users record which GPUs their jobs hold here
-    for i in range(config.GPUS_PER_NODE):
-        (locks / f"gpu{i}.lock").touch(0o644)
+    rebuilt = build_shim(state / "sge/hostaddr.so")
+    locks = state / "sge/gpus"
+    locks.mkdir(exist_ok=True)
+    locks.chmod(0o1777)  # a job records its hosts here, for its tasks on the others
+    for h in hosts():
+        (locks / h).mkdir(exist_ok=True)
+        (locks / h).chmod(0o1777)  # the jobs' users record which GPUs their jobs hold on this host here
+        for i in range(config.GPUS_PER_NODE):
+            (locks / h / f"gpu{i}.lock").touch(0o644)
     starter = state / "sge/gpu-starter.sh"
     if write(starter, (Path(__file__).parent / "sge-gpu-starter.sh").read_text()):
         starter.chmod(0o755)
+    return rebuilt
+
+
+def build_shim(target: Path) -> bool:
+    """Compile sge-hostaddr.c into ``target`` when its source changed; return whether it did."""
+    stamp = target.with_suffix(".sha256")
+    digest = hashlib.sha256(SHIM_SOURCE.read_bytes()).hexdigest()
+    if target.exists() and stamp.exists() and stamp.read_text().strip() == digest:
+        return False
+    subprocess.run(["cc", "-O2", "-Wall", "-shared", "-fPIC", "-o", f"{target}.partial", str(SHIM_SOURCE), "-ldl"],
+                   check=True, capture_output=True, timeout=120)
+    os.replace(f"{target}.partial", target)
+    target.chmod(0o755)
+    stamp.write_text(digest + "\n")
+    return True
 
 
 def write(path: Path, text: str) -> bool:
@@ -125,21 +186,25 @@ def _show(*args: str) -> str | None:
 
 
 def configure(state: Path) -> bool:
-    """This host as admin, submit and execution host with its GPUs; the GPU complex, the PEs and the queue; a
-    1-second scheduling interval and accounting written at once. Returns whether anything changed (the execd then
-    restarts: a running one keeps the old configuration and its queue goes into error)."""
-    host_name = host()
+    """Both hosts as submit and execution hosts with their GPUs; the GPU complex, the PEs and the queues; a
+    1-second scheduling interval and accounting written at once. Returns whether anything changed (the execds then
+    restart: a running one keeps the old configuration and its queue goes into error)."""
+    names = hosts()
     changed = False
-    if host_name not in qconf("-ss", check=False).stdout.split():
-        qconf("-as", host_name)
+    submit_hosts = qconf("-ss", check=False).stdout.split()
+    for name in names:
+        if name not in submit_hosts:
+            qconf("-as", name)
     complexes = qconf("-sc").stdout
     if not any(line.split()[:1] == ["gpu"] for line in complexes.splitlines()):
         _from_file("-Mc", complexes + "gpu gpu INT <= YES YES 0 0\n")
         changed = True
-    exechost = (f"hostname {host_name}\nload_scaling NONE\ncomplex_values gpu={config.GPUS_PER_NODE}\nuser_lists NONE\n"
-                "xuser_lists NONE\nprojects NONE\nxprojects NONE\nusage_scaling NONE\nreport_variables NONE\n")
-    changed |= _apply("-Ae", "-Me", exechost, _show("-se", host_name))
-    changed |= _apply("-Ahgrp", "-Mhgrp", f"group_name @allhosts\nhostlist {host_name}\n",
+    for name in names:
+        exechost = (f"hostname {name}\nload_scaling NONE\ncomplex_values gpu={config.GPUS_PER_NODE}\n"
+                    "user_lists NONE\nxuser_lists NONE\nprojects NONE\nxprojects NONE\nusage_scaling NONE\n"
+                    "report_variables NONE\n")
+        changed |= _apply("-Ae", "-Me", exechost, _show("-se", name))
+    changed |= _apply("-Ahgrp", "-Mhgrp", f"group_name @allhosts\nhostlist {' '.join(names)}\n",
                       _show("-shgrp", "@allhosts"))
     for pe, rule in PES.items():
         text = (f"pe_name {pe}\nslots 9999\nuser_lists NONE\nxuser_lists NONE\nstart_proc_args NONE\n"
@@ -177,16 +242,19 @@ def up(state: Path, log) -> None:
     """Start, configure, and restart the execd where the configuration changed; wait for the queue."""
     if not installed():
         raise RuntimeError("Son of Grid Engine is not installed: run testbed/install.sh")
-    prepare(state)
-    qmaster, execd = daemons(state)
+    shim_changed = prepare(state)
+    qmaster, *execs = daemons(state)
     if qmaster.start():
         log(f"sge_qmaster started (pid {qmaster.pid()})")
-    if configure(state) and execd.stop():
-        log("sge_execd restarted: configuration changed")
-    if execd.start():
-        log(f"sge_execd started (pid {execd.pid()})")
-    name = host()
-    wait_for(lambda: _queue_ok(name), 60, f"Grid Engine queue {QUEUE}@{name}")
+    if configure(state) or shim_changed:
+        for execd in execs:
+            if execd.stop():
+                log(f"{execd.name} restarted: configuration or host shim changed")
+    for execd in execs:
+        if execd.start():
+            log(f"{execd.name} started (pid {execd.pid()})")
+    for name in hosts():
+        wait_for(lambda: _queue_ok(name), 60, f"Grid Engine queue {QUEUE}@{name}")
 
 
 def _queue_ok(host: str) -> bool:

@@ -1,5 +1,5 @@
 """Grid Engine's adapter against the real Son of Grid Engine of the bed, as alice: the same queue, the same parsers
-and the same mark that the spawner uses."""
+and the same mark that the spawner uses; jobs on one host and across the bed's two."""
 import asyncio
 import json
 import shlex
@@ -24,8 +24,8 @@ async def as_alice(argv, timeout=30, input=None):
     return await run(["runuser", "-u", "alice", "--", *argv], timeout=timeout, input=input)
 
 
-def script(alice, gpus: int, body: str, workdir: str = "", comment: str = "") -> str:
-    req = JobRequest("gpu", 1, gpus, 10, "base", "hpcdl/base:latest")
+def script(alice, gpus: int, body: str, workdir: str = "", comment: str = "", nodes: int = 1) -> str:
+    req = JobRequest("gpu", nodes, gpus, 10, "base", "hpcdl/base:latest")
     header = SGE.header(req, NAME, f"{alice.home}/sge-$JOB_ID.log", workdir or alice.home, comment)
     return "\n".join(["#!/bin/bash", *header, body]) + "\n"
 
@@ -67,11 +67,12 @@ def test_a_job_runs_with_its_gpus_and_carries_the_hubs_mark(bed, alice, queue):
         return job_id, info, comment, named, avail, gone
 
     job_id, info, comment, named, avail, gone = asyncio.run(go())
-    assert (info.batch_host, info.user) == (bed["sge_host"], "alice")
+    assert info.batch_host in bed["sge_hosts"] and info.user == "alice"
     assert JobMark.parse(SGE.parse_comment(comment.stdout)) == mark
     assert job_id in SGE.parse_job_ids(named.stdout, NAME)
     gpu = SGE.parse_availability(avail.stdout)["gpu"]
-    assert (gpu.gpus, gpu.idle_gpus) == (4, 2)
+    total = bed["gpus_per_node"] * len(bed["sge_hosts"])
+    assert (gpu.nodes, gpu.gpus, gpu.idle_gpus) == (len(bed["sge_hosts"]), total, total - 2)
     assert gone.phase == ENDED and gone.exit_code != "0"  # deleted while running: killed
 
 
@@ -81,7 +82,7 @@ def test_the_exit_code_comes_from_the_accounting(bed, alice, queue):
         return await wait_phase(queue, job_id, {ENDED})
 
     info = asyncio.run(go())
-    assert (info.state, info.exit_code, info.batch_host) == ("FAILED", "3", bed["sge_host"])
+    assert (info.state, info.exit_code) == ("FAILED", "3") and info.batch_host in bed["sge_hosts"]
 
 
 def test_a_job_in_error_is_a_failure_with_its_reason_not_pending(alice, queue):
@@ -93,9 +94,9 @@ def test_a_job_in_error_is_a_failure_with_its_reason_not_pending(alice, queue):
     assert info.state == "Eqw" and "can't chdir to /nonexistent/hpcdl" in info.reason
 
 
-def test_a_waiting_job_says_why(alice, queue):
-    async def go():
-        first = await submit(alice, script(alice, 4, "sleep 120"))
+def test_a_waiting_job_says_why(bed, alice, queue):
+    async def go():  # the first job takes every GPU of both hosts
+        first = await submit(alice, script(alice, bed["gpus_per_node"], "sleep 120", nodes=len(bed["sge_hosts"])))
         await wait_phase(queue, first, {RUNNING})
         second = await submit(alice, script(alice, 1, "sleep 1"))
         deadline = time.monotonic() + 20  # the reason comes with the first scheduling run that passes it over
@@ -106,7 +107,7 @@ def test_a_waiting_job_says_why(alice, queue):
             await asyncio.sleep(0.5)
 
     info = asyncio.run(go())
-    assert "full" in info.reason or "gpu" in info.reason, info  # four slots, four GPUs: both are taken
+    assert "full" in info.reason or "gpu" in info.reason, info  # four slots, four GPUs a host: all are taken
 
 
 def test_a_jobs_environment_is_shown_to_other_users(alice, bob):
@@ -123,22 +124,28 @@ def test_a_jobs_environment_is_shown_to_other_users(alice, bob):
     assert SGE.private_env is False
 
 
-def launch_job(alice, body: str, slots: int = 2) -> str:
-    return "\n".join(["#!/bin/bash", f"#$ -q gpu -pe smp {slots} -l h_rt=0:05:00,gpu=1 -o {alice.home}/sge-launch.out -j y",
+def launch_job(alice, body: str, slots: int = 2, pe: str = "smp") -> str:
+    return "\n".join(["#!/bin/bash", f"#$ -q gpu -pe {pe} {slots} -l h_rt=0:05:00,gpu=1 -o {alice.home}/sge-launch.out -j y",
                       f"#$ -wd {alice.home} -S /bin/bash -N {NAME}", body]) + "\n"
 
 
-def test_hpcdl_launch_joins_ranks_in_containers_into_one_horovod_world(bed, alice, queue):
+@pytest.mark.parametrize("pe", ["smp", "mpi-1"])
+def test_hpcdl_launch_joins_ranks_in_containers_into_one_horovod_world(bed, alice, queue, pe):
+    """Two ranks on one host (smp) and one on each host (mpi-1: one slot a host), each in alice's container."""
     out = Path(alice.home, "sge-launch.out")
     out.unlink(missing_ok=True)
     script = launch_job(alice, f"hpcdl-launch --image={bed['image']} -e TF_CPP_MIN_LOG_LEVEL -- "
-                               "python3 -m jupyter_hpcdl.diagnose --allreduce")
+                               "python3 -m jupyter_hpcdl.diagnose --allreduce", pe=pe)
     job_id = SGE.parse_submit(alice.run("qsub", "-terse", "-v", "PATH,TF_CPP_MIN_LOG_LEVEL", input=script, check=True).stdout)
     info = asyncio.run(wait_phase(queue, job_id, {ENDED}, timeout=240))
     text = out.read_text()
     ranks = sorted((json.loads(line) for line in text.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
     assert info.exit_code == "0", text[-3000:]
-    assert [(r["rank"], r["size"], r["node"]) for r in ranks] == [(0, 2, bed["sge_host"]), (1, 2, bed["sge_host"])]
+    assert [(r["rank"], r["size"]) for r in ranks] == [(0, 2), (1, 2)], text[-3000:]
+    nodes = [r["node"] for r in ranks]
+    assert set(nodes) <= set(bed["sge_hosts"])
+    assert len(set(nodes)) == (1 if pe == "smp" else 2), nodes
+    assert all(r["cuda_visible_devices"] for r in ranks), ranks  # a GPU of its host's, each
     assert all(r["allreduce_sum"] == 3.0 and r["image"] == bed["identity"] and r["uid"] == alice.uid for r in ranks)
 
 
@@ -154,42 +161,55 @@ def test_a_failing_rank_ends_the_others_and_gives_the_jobs_exit_code(bed, alice,
     assert "hpcdl-launch: rank 1 exited with 3" in text
 
 
-def test_jobs_get_their_own_gpus_and_their_tasks_the_same(alice, queue):
-    """The bed's starter method binds GPUs (Grid Engine has no binding of its own): two jobs of 2 GPUs each get
-    disjoint CUDA_VISIBLE_DEVICES, and a task a job starts alone (qrsh -inherit) sees its job's."""
-    body = ('echo "job=$CUDA_VISIBLE_DEVICES"; host=$(head -1 "$PE_HOSTFILE" | cut -d" " -f1); '
-            'qrsh -inherit "$host" printenv CUDA_VISIBLE_DEVICES | sed "s/^/task=/"; sleep 5')
+def test_jobs_get_their_own_gpus_and_their_tasks_the_same(bed, alice, queue):
+    """The bed's starter method binds GPUs (Grid Engine has no binding of its own): jobs get disjoint
+    CUDA_VISIBLE_DEVICES on each host, and a task a job starts alone (qrsh -inherit) sees its job's GPUs on the
+    task's host, on the job's first host as on the other."""
+    body = ('echo "job=$HOSTNAME:$CUDA_VISIBLE_DEVICES"; for host in $(cut -d" " -f1 "$PE_HOSTFILE"); do '
+            'qrsh -inherit "$host" \'echo "task=$HOSTNAME:$CUDA_VISIBLE_DEVICES"\'; done; sleep 5')
 
     async def go():
         ids = [await submit(alice, script(alice, 2, body)) for _ in range(2)]
+        ids.append(await submit(alice, script(alice, 2, body, nodes=2)))
         for job_id in ids:
             await wait_phase(queue, job_id, {ENDED}, timeout=90)
         return ids
 
-    seen = []
+    held = []
     for job_id in asyncio.run(go()):
-        lines = dict(line.split("=", 1) for line in Path(alice.home, f"sge-{job_id}.log").read_text().split()
-                     if line.startswith(("job=", "task=")))
-        assert lines["task"] == lines["job"], lines
-        seen.append(set(lines["job"].split(",")))
-    assert all(len(s) == 2 for s in seen) and not seen[0] & seen[1], seen
+        text = Path(alice.home, f"sge-{job_id}.log").read_text()
+        seen = [line.split("=", 1) for line in text.split() if line.startswith(("job=", "task="))]
+        job = dict(line.split(":") for kind, line in seen if kind == "job")
+        tasks = dict(line.split(":") for kind, line in seen if kind == "task")
+        assert set(job) <= set(tasks) <= set(bed["sge_hosts"]) and all(tasks[h] == job[h] for h in job), text[-2000:]
+        assert all(len(gpus.split(",")) == 2 for gpus in tasks.values()), tasks
+        held.append({(host, gpu) for host, gpus in tasks.items() for gpu in gpus.split(",")})
+    assert len(held[2]) == 4 and len({host for host, _ in held[2]}) == 2, held[2]  # two GPUs on each host
+    assert not held[0] & held[1], held  # two jobs at once: never the same GPU of a host
 
 
-@pytest.mark.parametrize("gpus", [1, 2])
-def test_tasks_run_one_per_slot_each_with_its_rank_and_own_gpu(bed, alice, queue, gpus):
-    """``jupyter_hpcdl.tasks`` in a job: one task per slot (qrsh -inherit in a PE; here, in a job of one slot,
-    which has no PE), each knowing its rank and seeing one GPU of the job's."""
+@pytest.mark.parametrize("nodes, gpus", [(1, 1), (1, 2), (2, 2)])
+def test_tasks_run_one_per_slot_each_with_its_rank_and_own_gpu(bed, alice, queue, nodes, gpus):
+    """``jupyter_hpcdl.tasks`` in a job: one task per slot (qrsh -inherit in a PE; in a job of one slot, which has
+    no PE, here), each knowing its rank and host (block-wise over the hosts) and seeing a GPU of its own there."""
     python = bed["venv"] + "/bin/python"
-    body = (f"{python} -m jupyter_hpcdl.tasks --ranks={gpus} --gpus-per-rank=1 -- "
-            "sh -c 'echo task=$HPCDL_TASK_RANK:$HPCDL_TASK_NODE:$CUDA_VISIBLE_DEVICES'; echo code=$?")
+    ranks = nodes * gpus
+    body = (f"{python} -m jupyter_hpcdl.tasks --ranks={ranks} --gpus-per-rank=1 -- "
+            "sh -c 'echo task=$HPCDL_TASK_RANK:$HPCDL_TASK_NODE:$HOSTNAME:$CUDA_VISIBLE_DEVICES'; echo code=$?")
 
     async def go():
-        job_id = await submit(alice, script(alice, gpus, body))
+        job_id = await submit(alice, script(alice, gpus, body, nodes=nodes))
         await wait_phase(queue, job_id, {ENDED}, timeout=90)
         return job_id
 
     text = Path(alice.home, f"sge-{asyncio.run(go())}.log").read_text()
-    tasks = sorted(line.split("=", 1)[1].split(":") for line in text.split() if line.startswith("task="))
+    tasks = sorted((line.split("=", 1)[1].split(":") for line in text.split() if line.startswith("task=")),
+                   key=lambda t: int(t[0]))
     assert "code=0" in text, text[-2000:]
-    assert [(rank, node) for rank, node, _ in tasks] == [(str(r), bed["sge_host"]) for r in range(gpus)], text[-2000:]
-    assert len({gpu for *_, gpu in tasks}) == gpus and all(gpu and "," not in gpu for *_, gpu in tasks), tasks
+    assert [int(rank) for rank, *_ in tasks] == list(range(ranks)), text[-2000:]
+    hosts = [node for _, node, _, _ in tasks]
+    assert all(node == host for _, node, host, _ in tasks), tasks  # each task runs where it is told (Grid Engine says)
+    assert set(hosts) <= set(bed["sge_hosts"]) and len(set(hosts)) == nodes, tasks
+    assert hosts == sorted(hosts, key=hosts.index) and all(hosts.count(h) == gpus for h in set(hosts)), tasks
+    assert len({(node, gpu) for _, node, _, gpu in tasks}) == ranks, tasks  # a GPU of its own on its host
+    assert all(gpu and "," not in gpu for *_, gpu in tasks), tasks
