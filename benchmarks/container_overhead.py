@@ -6,7 +6,7 @@ ptrace) and udocker's P1, in alternating rounds (issue: containers at native spe
    host's Python environment: medians over rounds of mode/native.
 2. Small-file I/O (``io_workload.py``: 2,000 files of 4 KiB written and read, a 64 MB checkpoint with fsync).
 3. Start-up of one containerized command: ``hpcdl-containers run IMAGE -- python3 -c pass`` in each mode against
-   ``python3 -c pass`` natively.
+   ``python3 -c pass`` natively, and the same with ``/bin/true`` (the launch alone, without the command's own start).
 4. One system call (``getppid``) in each: Debian's proot has no seccomp accelerator, so in P1 every system call
    stops in the tracer; the fast path has no tracer.
 
@@ -100,6 +100,10 @@ def main() -> int:
                 row["start_s"] = {where: statistics.median(
                     timed((prefix[where] if where != "native" else ["/usr/bin/python3"]) + ["-c", "pass"])[0]
                     for _ in range(args.start_samples)) for where in order}
+                # the same start with a command that costs nothing itself: what the container's launch alone costs
+                row["start_true_s"] = {where: statistics.median(
+                    timed(([*prefix[where][:-1], "/bin/true"] if where != "native" else ["/bin/true"]))[0]
+                    for _ in range(args.start_samples)) for where in order}
             if "syscall" in parts:
                 row["syscall_us"] = {where: float(timed(prefix[where] + ["-c", SYSCALL_PROBE])[1].split()[-1])
                                      / SYSCALLS * 1e6 for where in order}
@@ -118,6 +122,8 @@ def main() -> int:
                                                                 for x in rows)
             if "start" in parts:
                 summary[f"start_{m}_minus_native_s"] = med(x["start_s"][m] - x["start_s"]["native"] for x in rows)
+                summary[f"start_true_{m}_minus_native_s"] = med(x["start_true_s"][m] - x["start_true_s"]["native"]
+                                                                 for x in rows)
             if "syscall" in parts:
                 summary[f"syscall_{m}_us"] = med(x["syscall_us"][m] for x in rows)
         if "syscall" in parts:

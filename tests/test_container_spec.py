@@ -172,3 +172,18 @@ def test_the_choice_per_node_is_cached_and_the_site_decides(tmp_path):
         decide("userns", "/r", str(tmp_path), {}, prober)
     with pytest.raises(ModeNotSupported, match="fast_path must be one of auto, userns, off"):
         decide("fast", "/r", str(tmp_path), {}, prober)
+
+
+def test_the_fast_paths_launcher_finds_the_c_library_without_running_ldconfig():
+    """The launcher starts with every containerized command: ``ctypes.util.find_library`` would run ``ldconfig -p``
+    in a subprocess first (about 0.1 s a start); the interpreter's own symbols serve."""
+    import subprocess
+    import sys
+
+    from jupyter_hpcdl.containers.fastpath import NSEXEC
+
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('nsexec', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            "print('ctypes.util' in sys.modules, all(hasattr(m._libc, n) for n in ('unshare', 'mount', 'prctl')))")
+    out = subprocess.run([sys.executable, "-S", "-E", "-c", code, NSEXEC], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "True"], out.stderr

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
+from . import quickstart
 from .errors import ContainerError
+from .quickstart import cwd_in_home
+from .runner import run_foreground
 from .site import load_site
-from .spec import Mount, RunSpec, names_with_prefixes
+from .spec import FAST_MODE, Mount, RunSpec, names_with_prefixes
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The full path (the front door, :mod:`.quickstart`, hands over every call it cannot start itself)."""
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     try:
         site = load_site(args.site)
@@ -72,39 +76,17 @@ def main(argv: list[str] | None = None) -> int:
             mounts = [Mount(*v.split(":", 1)) if ":" in v else Mount(v) for v in args.volume]
             spec = RunSpec(container=ud.ensure_container(args.image), command=command, mounts=mounts,
                            env_names=[*args.env, *names_with_prefixes(os.environ, args.env_prefix)],
-                           env_files=args.env_file, workdir=args.workdir or _cwd_in_home())
-            return _run_foreground(ud.start(spec))
+                           env_files=args.env_file, workdir=args.workdir or cwd_in_home())
+            proc = ud.start(spec)
+            call = quickstart.parse(argv)
+            if proc.mode == FAST_MODE and call is not None:  # the next such start: at once
+                ud.remember_start(call.site, args.image, spec.container)
+            return run_foreground(proc)
     except (ContainerError, FileNotFoundError, ValueError) as e:
         print(f"hpcdl-containers: error: {e}", file=sys.stderr)
         return 2
     return 0
 
 
-def _cwd_in_home() -> str | None:
-    """Start where the caller is when that is inside the home directory (which the container binds)."""
-    cwd, home = os.getcwd(), os.path.expanduser("~")
-    return cwd if cwd == home or cwd.startswith(home.rstrip("/") + "/") else None
-
-
-def _run_foreground(proc) -> int:
-    """Wait for the container; SIGINT reaches the program inside (a kernel interrupt), SIGTERM/SIGHUP stop the
-    whole container tree."""
-    signal.signal(signal.SIGINT, lambda *_: proc.signal_payload(signal.SIGINT))
-    stopping = []
-
-    def stop(*_):
-        stopping.append(True)
-        proc.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
-    while True:
-        try:
-            rc = proc.wait()
-            return 143 if stopping else rc
-        except InterruptedError:
-            continue
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quickstart.main())

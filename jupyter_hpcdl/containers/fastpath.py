@@ -13,13 +13,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from ..atomic import write_json
 from .errors import ModeNotSupported
-from .runner import ContainerProcess
+from .runner import ContainerProcess, start_prepared
 from .spec import FAST_MODE, FAST_PATH_CHOICES
 
 NSEXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nsexec.py")
@@ -62,8 +63,19 @@ def write_cached(path: str, decision: Decision) -> None:
 
 
 def launch(plan: dict, env: Mapping[str, str], private_dir: str, **popen_kwargs) -> tuple[ContainerProcess | None, str]:
-    """Start ``plan`` through the launcher; the process once it has become the command, or None and why not (the
-    launcher exits 125 then, before the command started)."""
+    """Start ``plan``; the process once it has become the command, or None and why not (nothing was started). A
+    single-threaded process prepares the container in its own child (:func:`.nsexec.preexec`); others start the
+    launcher's interpreter (forking a threaded process and running Python there is not safe)."""
+    if threading.active_count() == 1:
+        started = start_prepared(plan, private_dir, **popen_kwargs)
+        if started is not None:
+            return started
+    return _launch_interpreter(plan, env, private_dir, **popen_kwargs)
+
+
+def _launch_interpreter(plan: dict, env: Mapping[str, str], private_dir: str,
+                        **popen_kwargs) -> tuple[ContainerProcess | None, str]:
+    """``plan`` through the launcher's own interpreter (it exits 125 before the command started if it cannot)."""
     path = os.path.join(private_dir, "plan.json")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:

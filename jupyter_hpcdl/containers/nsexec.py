@@ -3,6 +3,9 @@ unprivileged user namespace and a mount namespace of its own.
 
     python -S -E .../jupyter_hpcdl/containers/nsexec.py PLAN_FILE STATUS_FD   (the standard library only)
 
+or, from a single-threaded process, as ``subprocess.Popen``'s ``preexec_fn`` (:func:`preexec`: no second
+interpreter to start).
+
 The plan (a JSON file only its owner can read, written by :func:`.spec.build_userns_plan`) says the root, the bind
 mounts, the user's own uid and gid (mapped to themselves: the user is who they are inside, never a fake root), the
 working directory, the environment and the argv. This process unshares, maps, binds, changes root and then
@@ -17,7 +20,6 @@ own exit code. A command that is not there (or not executable) is the command's 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import os
 import sys
@@ -33,7 +35,20 @@ MS_PRIVATE = 0x40000
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def _load_libc() -> ctypes.CDLL:
+    """The C library's calls, from the symbols this interpreter already has (``dlopen(NULL)``: glibc or musl).
+    ``ctypes.util.find_library`` would run ``ldconfig -p`` in a subprocess first: about 0.1 s on every start."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if all(hasattr(libc, name) for name in ("unshare", "mount", "prctl")):
+        return libc
+    from ctypes.util import find_library  # a static or unusual interpreter: look the library up by name
+
+    return ctypes.CDLL(find_library("c"), use_errno=True)
+
+
+_libc = _load_libc()
 
 
 class Failed(Exception):
@@ -87,8 +102,9 @@ def bind(source: str, target: str, readonly: bool = False) -> None:
                f"making {target} read-only")
 
 
-def run(plan: dict) -> None:
-    """Enter, bind, change root, change directory, and become the command (never returns on success)."""
+def prepare(plan: dict) -> None:
+    """Enter, bind, change root and directory, drop what the command must not keep: everything but the
+    ``execve`` of the command."""
     root = plan["root"]
     enter_namespaces(plan["uid"], plan["gid"])
     for b in plan["binds"]:
@@ -104,11 +120,32 @@ def run(plan: dict) -> None:
     if plan.get("cpus"):
         os.sched_setaffinity(0, plan["cpus"])
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+
+def run(plan: dict) -> None:
+    """:func:`prepare`, then become the command (never returns on success)."""
+    prepare(plan)
     argv, env = plan["argv"], plan["env"]
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as e:  # the command's own failure (not found, not executable), not the fast path's
         raise CommandFailed(f"{argv[0]}: {e.strerror}", 126 if isinstance(e, PermissionError) else 127) from None
+
+
+def preexec(plan: dict, status: int):
+    """For ``subprocess.Popen(plan["argv"], env=plan["env"], preexec_fn=...)`` in a single-threaded process: the
+    child prepares the container and Popen's own ``execve`` starts the command, with no second interpreter. A
+    failure is written to ``status`` first (then Popen raises SubprocessError); ``status`` is closed by a successful
+    ``execve``."""
+    def child() -> None:
+        try:
+            prepare(plan)
+        except (Failed, OSError, ValueError, KeyError) as e:
+            os.write(status, f"{e}".encode() or b"failed")
+            raise
+        os.set_inheritable(status, False)
+
+    return child
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -127,6 +127,56 @@ class ContainerProcess:
         self.stop()
 
 
+def start_prepared(plan: dict, private_dir: str | None = None,
+                   **popen_kwargs) -> tuple[ContainerProcess | None, str] | None:
+    """The fast path's ``plan`` started from this process, which must be single-threaded: its child prepares the
+    container (:func:`.nsexec.preexec`) and becomes the command, with no second interpreter. Returns the process,
+    or None and why the container could not be prepared (nothing started), or None alone where the command could
+    not be executed (not found, not executable: the launcher's own interpreter says so as a shell would)."""
+    from . import nsexec
+
+    kwargs = dict(popen_kwargs)
+    read_end, write_end = os.pipe()
+    pass_fds = tuple(kwargs.pop("pass_fds", ())) + (write_end,)
+    try:
+        proc = ContainerProcess(plan["argv"], plan["env"], private_dir=private_dir, mode="userns", pass_fds=pass_fds,
+                                preexec_fn=nsexec.preexec(plan, write_end), **kwargs)
+    except subprocess.SubprocessError:  # the container could not be prepared: why is on the pipe
+        os.close(write_end)
+        why = os.read(read_end, 4096).decode(errors="replace") or "the container could not be prepared"
+        os.close(read_end)
+        if private_dir:
+            shutil.rmtree(private_dir, ignore_errors=True)
+        return None, why
+    except OSError:
+        os.close(write_end)
+        os.close(read_end)
+        return None
+    os.close(write_end)
+    os.close(read_end)
+    return proc, ""
+
+
+def run_foreground(proc: ContainerProcess) -> int:
+    """Wait for the container; SIGINT reaches the program inside (a kernel interrupt), SIGTERM/SIGHUP stop the
+    whole container tree."""
+    signal.signal(signal.SIGINT, lambda *_: proc.signal_payload(signal.SIGINT))
+    stopping = []
+
+    def stop(*_):
+        stopping.append(True)
+        proc.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    while True:
+        try:
+            rc = proc.wait()
+            return 143 if stopping else rc
+        except InterruptedError:
+            continue
+
+
 def _name(p: psutil.Process) -> str:
     psutil = _psutil()
     try:

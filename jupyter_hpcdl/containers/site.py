@@ -10,11 +10,10 @@ from traitlets import Bool, List, Unicode, validate
 from traitlets.config import Configurable
 from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
 
+from .quickstart import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV  # noqa: F401 (the site's file, named once)
 from .spec import DEFAULT_MODES, FAST_PATH_CHOICES, MODE_NOTES, SitePolicy, UdockerInstall
 from .udocker import Udocker
 
-SITE_CONFIG_ENV = "HPCDL_SITE_CONFIG"
-DEFAULT_SITE_CONFIG = "/etc/jupyter-hpcdl/site.json"
 
 
 class ContainerSite(Configurable):

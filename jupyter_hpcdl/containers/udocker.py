@@ -18,7 +18,8 @@ from typing import Iterator, Mapping
 
 from .errors import InvalidSpec, ModeNotSupported, ToolsMissing, UdockerFailed, UnknownImage
 from ..atomic import write_json
-from .fastpath import Decision, decide, launch, record_failure
+from . import quickstart
+from .fastpath import Decision, cache_file, decide, launch, record_failure
 from .runner import ContainerProcess, private_env_file
 from .spec import (
     FAST_MODE,
@@ -194,10 +195,13 @@ class Udocker:
 
     # Which container serves an image, remembered against the image's manifest file (a pull that changes the
     # content rewrites it), so that starting a command needs no udocker process once the container exists.
-    def _manifest_stamp(self, image: str) -> list | None:
+    def _manifest(self, image: str) -> str:
         repo, _, tag = check_image_ref(image).partition(":")
+        return os.path.join(self.env()["UDOCKER_DIR"], "repos", repo, tag or "latest", "manifest")
+
+    def _manifest_stamp(self, image: str) -> list | None:
         try:
-            st = os.stat(os.path.join(self.env()["UDOCKER_DIR"], "repos", repo, tag or "latest", "manifest"))
+            st = os.stat(self._manifest(image))
         except OSError:
             return None
         return [st.st_ino, st.st_size, st.st_mtime_ns]
@@ -283,7 +287,7 @@ class Udocker:
         argv = build_run_command(spec, self.install, env_file, system_mounts)
         return ContainerProcess(argv, self.env(), private_dir=private_dir, **popen_kwargs)
 
-    def _start_fast(self, spec: RunSpec, system_mounts: list[str], **popen_kwargs):
+    def _fast_plan(self, spec: RunSpec, system_mounts: list[str], environ: Mapping[str, str]) -> dict:
         directory = self.container_dir(spec.container)
         try:
             with open(os.path.join(directory, "container.json")) as f:
@@ -295,11 +299,23 @@ class Udocker:
             with open(path) as f:
                 env_files[path] = f.read()
         home = self.environ.get("HOME") or os.path.expanduser("~")
-        plan = build_userns_plan(spec, os.path.join(directory, "ROOT"), image_env, self.environ, env_files,
+        plan = build_userns_plan(spec, os.path.join(directory, "ROOT"), image_env, environ, env_files,
                                  system_mounts, home, os.getuid(), os.getgid(), getpass.getuser())
         plan["env"][MODE_ENV] = FAST_MODE
+        return plan
+
+    def _start_fast(self, spec: RunSpec, system_mounts: list[str], **popen_kwargs):
+        plan = self._fast_plan(spec, system_mounts, self.environ)
         private_dir = tempfile.mkdtemp(prefix="hpcdl-run-")
         return launch(plan, self.environ, private_dir, **popen_kwargs)
+
+    def remember_start(self, site: str, image: str, container: str) -> None:
+        """Keep this node's fast-path start of ``container`` (``image``'s, with the site's file ``site``) resolved,
+        for :mod:`.quickstart`: the plan of a call with no command, variables or terminal of its own, and what it
+        was resolved from."""
+        system_mounts = [p for p in self.policy.system_mounts if os.path.exists(p)]
+        plan = self._fast_plan(RunSpec(container, ["true"], user=getpass.getuser()), system_mounts, {})
+        quickstart.remember(site, image, plan, self._manifest(image), cache_file(self.env()["UDOCKER_DIR"]))
 
     def run(self, spec: RunSpec, timeout: float | None = None) -> subprocess.CompletedProcess:
         """Run ``spec`` to completion and return its exit status and output; stops the whole tree on timeout."""
