@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jupyter_hpcdl.allocation import AllocationOwner, handle
-from jupyter_hpcdl.batch import ENDED, BatchRun, runs
-from jupyter_hpcdl.newjob import NewAllocation, batch_run_script
+from jupyter_hpcdl.job.owner import AllocationOwner, handle
+from jupyter_hpcdl.training.batchrun import ENDED, BatchRun, runs
+from jupyter_hpcdl.job.newjob import NewAllocation, batch_run_script
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.batchsystems.slurm import Slurm
 
@@ -44,7 +44,7 @@ def rank_script(tmp_path) -> Path:
 
 
 def launch(*args: str, timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "jupyter_hpcdl.launch", *args], env=ENV, capture_output=True, text=True,
+    return subprocess.run([PY, "-m", "jupyter_hpcdl.job.launch", *args], env=ENV, capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
 
 
@@ -76,7 +76,7 @@ def test_the_time_limit_and_a_cancel_end_every_rank(tmp_path):
     done = launch("--local=2", "--time-limit=2", f"--status-file={tmp_path / 's.json'}", "--", "sleep", "300")
     assert done.returncode == 124 and "time limit (2 s) ran out" in done.stderr
     assert json.loads((tmp_path / "s.json").read_text())["exit_code"] == 124
-    proc = subprocess.Popen([PY, "-m", "jupyter_hpcdl.launch", "--local=2", f"--status-file={tmp_path / 'c.json'}",
+    proc = subprocess.Popen([PY, "-m", "jupyter_hpcdl.job.launch", "--local=2", f"--status-file={tmp_path / 'c.json'}",
                              "--", "sleep", "300"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while len(psutil.Process(proc.pid).children()) < 2 and time.monotonic() < deadline:
@@ -94,7 +94,7 @@ def test_the_launcher_says_what_to_fix():
     assert "give the command after --" in launch("--local=2").stderr
     assert "1 to 256 ranks" in launch("--local=0", "--", "true").stderr
     assert "positive number of seconds" in launch("--local=1", "--time-limit=0", "--", "true").stderr
-    outside = subprocess.run([PY, "-m", "jupyter_hpcdl.launch", "--image=x", "--", "true"], capture_output=True,
+    outside = subprocess.run([PY, "-m", "jupyter_hpcdl.job.launch", "--image=x", "--", "true"], capture_output=True,
                              text=True, env={k: v for k, v in ENV.items() if not k.startswith("SLURM_")})
     assert outside.returncode == 2 and "--local N" in outside.stderr
 
@@ -162,7 +162,7 @@ def test_the_batch_script_carries_checked_values_and_the_command_quoted():
     assert lines[0] == "#!/bin/sh" and "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks=4" in lines
     assert "#SBATCH --time=00:10:00" in lines and "#SBATCH --gpus-per-task=1" in lines
     assert "#SBATCH --output=/home/alice/hpcdl-batch/digits-1/output.log" in lines
-    assert lines[-1] == ("exec /opt/venv/bin/python -m jupyter_hpcdl.launch --image=hpcdl/base:latest --label "
+    assert lines[-1] == ("exec /opt/venv/bin/python -m jupyter_hpcdl.job.launch --image=hpcdl/base:latest --label "
                          "--status-file=/home/alice/hpcdl-batch/digits-1/status.json -- python3 /home/alice/train.py "
                          "--name 'it'\"'\"'s; rm -rf ~'")
     sge = batch_run_script(GridEngine(), NewAllocation(nodes=2, walltime="00:10:00", partition="gpu", gpus_per_rank=1),

@@ -18,8 +18,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from jupyter_hpcdl import allocation
-from jupyter_hpcdl.allocation import (MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, request, run_command,
+from jupyter_hpcdl.job import owner as owner_module
+from jupyter_hpcdl.job.owner import (MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, request, run_command,
                                       session_report)
 from jupyter_hpcdl.batchsystems.slurm import parse_time_left
 from jupyter_hpcdl.jobvalues import gres_count
@@ -167,7 +167,7 @@ def fake_slurm(tmp_path, monkeypatch) -> dict[str, str]:
 def owner_serving(owner: AllocationOwner, path: Path):
     """The owner's socket as the server extension serves it, on an event loop in a thread of its own (the test's
     thread plays the kernels); yields the socket's path. At the end, what still runs on the loop is cancelled."""
-    from jupyter_hpcdl.serverext import serve_owner
+    from jupyter_hpcdl.job.serverext import serve_owner
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -259,7 +259,7 @@ def test_the_client_says_what_hung_or_failed(fake_slurm, tmp_path):
 
 
 def test_a_hung_command_is_killed_and_named(fake_slurm, tmp_path, monkeypatch):
-    monkeypatch.setattr(allocation, "COMMAND_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(owner_module, "COMMAND_TIMEOUT_S", 0.5)
     owner = AllocationOwner({**fake_slurm, "FAKE_SBATCH_SECONDS": "30"})
     began = time.monotonic()
     assert ask(owner, "POST", "/jobs", {"batch_file": str(tmp_path / "job.sbatch")}) == (
@@ -275,7 +275,7 @@ def test_a_hung_command_is_killed_and_named(fake_slurm, tmp_path, monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_engine_steps_stop_by_process_group_on_the_loop_and_at_exit(fake_slurm, tmp_path, monkeypatch):
-    monkeypatch.setattr(allocation, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(owner_module, "STOP_GRACE_S", 0.5)
     owner = AllocationOwner({**fake_slurm, "FAKE_SRUN_STUBBORN": "1"})  # steps that ignore SIGTERM
     engines = {"ranks": 2, "image": "hpcdl/base:latest", "connection_file": str(tmp_path / "engine.json")}
     pids = tmp_path / "bin" / "srun.pids"

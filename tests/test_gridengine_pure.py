@@ -61,7 +61,7 @@ def test_script_runs_prologue_and_epilogue_and_keeps_the_servers_code(tmp_path):
     ctx = ScriptContext(python=sys.executable, output="/o", workdir="/w", singleuser_cmd=("false",))
     script = build_batch_script(REQ, sched, ctx)
     # The job's side fails at once here (no hub): the epilogue still runs, and the script exits with its code.
-    script = script.replace(f"{sys.executable} -m jupyter_hpcdl.spawner.jobside", "sh -c 'exit 7'")
+    script = script.replace(f"{sys.executable} -m jupyter_hpcdl.job.server", "sh -c 'exit 7'")
     path = tmp_path / "job.sh"
     path.write_text(script)
     proc = subprocess.run(["bash", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=30)
@@ -169,7 +169,7 @@ def test_grid_engine_script_passes_secrets_by_file_not_by_environment():
 
 
 def test_the_job_side_finds_its_scheduler_and_its_hosts():
-    from jupyter_hpcdl.launch import _parse_hosts
+    from jupyter_hpcdl.job.launch import _parse_hosts
     from jupyter_hpcdl.batchsystems.scheduler import job_scheduler
 
     assert job_scheduler({"SLURM_JOB_ID": "5"}).name == "slurm"
@@ -223,7 +223,7 @@ def test_accounting_without_a_failed_value_and_details_that_do_not_parse():
 
 
 def test_launch_in_a_job_it_cannot_start_ranks_in_says_so(monkeypatch, capsys):
-    from jupyter_hpcdl import launch
+    from jupyter_hpcdl.job import launch
 
     monkeypatch.setattr(os, "environ", {"PBS_JOBID": "12.server", "PATH": "/usr/bin"})
     assert launch.main(["--image=hpcdl/base:latest", "--", "true"]) == 2

@@ -77,7 +77,7 @@ def test_sdist_wheel_without_node_installs_into_an_empty_environment(tmp_path):
     out = _run([env_dir / "bin/jupyter", "labextension", "list"])
     assert re.search(rf"@jupyter-hpcdl/labextension v{re.escape(version)} enabled\s+OK", out), out
     out = _run([env_dir / "bin/jupyter", "server", "extension", "list"])
-    assert re.search(r"jupyter_hpcdl\.serverext enabled", out) and re.search(r"jupyter_hpcdl\.serverext\s+OK", out), out
+    assert re.search(r"jupyter_hpcdl\.job\.serverext enabled", out) and re.search(r"jupyter_hpcdl\.job\.serverext\s+OK", out), out
     out = _run([env_dir / "bin/python", "-c", "import jupyter_hpcdl; print(jupyter_hpcdl.__version__)"], cwd=tmp_path)
     assert out.strip() == version
     shutil.rmtree(env_dir)

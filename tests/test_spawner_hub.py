@@ -118,7 +118,7 @@ def test_a_kernel_whose_launcher_died_stays_in_the_job_and_ends_with_it(bed, hub
     while (parent := payload.parent()) and "jupyter_hpcdl.containers" in " ".join(parent.cmdline()):
         assert time.monotonic() < deadline
         time.sleep(0.2)  # the engine between (P1's proot) may take a moment to go
-    assert parent is not None and "jupyter_hpcdl.spawner.jobside" in " ".join(parent.cmdline()), \
+    assert parent is not None and "jupyter_hpcdl.job.server" in " ".join(parent.cmdline()), \
         f"the orphaned kernel left the job: its parent is {parent and parent.cmdline()}"
     hub.stop("alice")
     payload.wait(30)  # psutil.TimeoutExpired if the kernel outlived its job

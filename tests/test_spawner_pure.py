@@ -93,7 +93,7 @@ def test_script_is_exact_and_carries_no_secret():
 # 2 node(s) x 2 GPU(s) for 02:00:00: 8 GPU-hours
 set -eu
 export HPCDL_JOB_ID="${SLURM_JOB_ID:-}" HPCDL_NODE="${SLURMD_NODENAME:-}"
-exec /opt/venv/bin/python -m jupyter_hpcdl.spawner.jobside --image=hpcdl/base:latest --listen-ip=127.0.0.1 -- /opt/venv/bin/jupyterhub-singleuser --debug
+exec /opt/venv/bin/python -m jupyter_hpcdl.job.server --image=hpcdl/base:latest --listen-ip=127.0.0.1 -- /opt/venv/bin/jupyterhub-singleuser --debug
 """
     assert "TOKEN" not in script.upper()
 
@@ -219,7 +219,7 @@ def test_the_job_holds_its_port_until_the_server_binds_it():
 
     from tornado.netutil import bind_sockets
 
-    from jupyter_hpcdl.spawner.jobside import hold_port, route_address
+    from jupyter_hpcdl.job.server import hold_port, route_address
 
     held = hold_port("127.0.0.1")
     port = held.getsockname()[1]

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-SUPERVISE = "import sys; from jupyter_hpcdl.spawner.subreaper import supervise; sys.exit(supervise(sys.argv[2:], grace={grace}))"
+SUPERVISE = "import sys; from jupyter_hpcdl.job.subreaper import supervise; sys.exit(supervise(sys.argv[2:], grace={grace}))"
 
 
 def supervisor(command: str, grace: float = 2.0) -> subprocess.Popen:

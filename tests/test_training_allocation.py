@@ -83,7 +83,7 @@ def test_four_ranks_on_two_nodes_in_containers_train_from_the_notebook_and_survi
 
 NEW_JOB_CODE = """
 import json, subprocess
-from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.job.newjob import NewAllocation
 from jupyter_hpcdl.training import TrainingSession
 from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
 
@@ -116,7 +116,7 @@ def test_a_new_allocation_when_asked_trains_and_is_cancelled_at_close(alice):
 
 MPI_JOB_CODE = """
 import json
-from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.job.newjob import NewAllocation
 from jupyter_hpcdl.training import TrainingSession
 from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
 
@@ -144,7 +144,7 @@ def test_an_mpi_world_from_srun_pmix_in_containers(alice):
 
 REFUSED_CODE = """
 import subprocess
-from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.job.newjob import NewAllocation
 from jupyter_hpcdl.training import TrainingSession
 
 session = TrainingSession(ranks=2, where="new", new_allocation=NewAllocation(partition="nosuch"))
@@ -168,7 +168,7 @@ def test_a_refused_new_allocation_says_why_and_leaves_nothing(alice):
 
 KERNEL_NEW_JOB_CODE = """
 import json, shutil
-from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.job.newjob import NewAllocation
 from jupyter_hpcdl.training import TrainingSession
 from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
 
@@ -200,7 +200,7 @@ def test_a_kernel_in_its_container_asks_for_a_new_allocation_through_the_owner(b
 UNEVEN_CODE = """
 import json, math
 import numpy as np
-from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.job.newjob import NewAllocation
 from jupyter_hpcdl.training import TrainingSession
 from jupyter_hpcdl.training.examples import digits_loss, digits_model
 
@@ -247,7 +247,7 @@ def test_uneven_shards_at_3_7_and_8_ranks_across_two_nodes_in_containers(alice):
 
 WALLTIME_CODE = """
 import json, os, subprocess
-from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.job.newjob import NewAllocation
 from jupyter_hpcdl.training import TrainingSession
 from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
 
@@ -444,7 +444,7 @@ def test_the_users_model_data_and_script_train_across_two_nodes_in_containers(be
 
 BATCH_FAULTS_CODE = """
 import json
-from jupyter_hpcdl.batch import BatchRun
+from jupyter_hpcdl.training.batchrun import BatchRun
 out = {}
 # more GPUs than the nodes have free while this server holds one on each: it waits in the queue, and says why
 queued = BatchRun.submit(command=["python3", "-c", "pass"], ranks=8, nodes=2, gpus_per_rank=1, walltime=5,

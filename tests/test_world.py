@@ -5,11 +5,11 @@ import sys
 
 import pytest
 
-from jupyter_hpcdl.allocation import AllocationOwner, engines_argv, handle
+from jupyter_hpcdl.job.owner import AllocationOwner, engines_argv, handle
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.batchsystems.slurm import Slurm, expand_tasks_per_node, slurm_hosts
-from jupyter_hpcdl.tasks import gpu_share, spread
-from jupyter_hpcdl.world import Slot, gloo_env, hosts_from_tasks, iface_for, plan_slots, task_slot
+from jupyter_hpcdl.job.tasks import gpu_share, spread
+from jupyter_hpcdl.job.world import Slot, gloo_env, hosts_from_tasks, iface_for, plan_slots, task_slot
 
 hosts_mod = pytest.importorskip("horovod.runner.common.util.hosts")
 
@@ -63,7 +63,7 @@ def test_engines_are_tasks_over_the_job_each_in_the_container_with_its_gpu():
                         gpus_per_rank=1, env={"CUDA_VISIBLE_DEVICES": "0,1", "HPCDL_ALLOCATION_FILE": "/a.json",
                                               "SECRET": "x"})
     cut = argv.index("--")
-    assert argv[:6] == ["/v/bin/python", "-m", "jupyter_hpcdl.tasks", "--ranks=4", "--gpus-per-rank=1",
+    assert argv[:6] == ["/v/bin/python", "-m", "jupyter_hpcdl.job.tasks", "--ranks=4", "--gpus-per-rank=1",
                         "--name=hpcdl-engines"]
     assert argv[6:cut] == ["--env=CUDA_VISIBLE_DEVICES", "--env=HPCDL_ALLOCATION_FILE"], "only what is set, by name"
     assert argv[cut + 1:cut + 5] == ["/v/bin/python", "-m", "jupyter_hpcdl.containers", "run"]
@@ -116,12 +116,12 @@ def test_owner_api_validates_and_says_what_is_wrong():
 
 
 def test_new_allocation_script_is_built_from_checked_values():
-    from jupyter_hpcdl.newjob import NewAllocation, engines_job_template
+    from jupyter_hpcdl.job.newjob import NewAllocation, engines_job_template
 
     fill = dict(cluster_id="c1", profile_dir="/home/a/.ipython/profile_default",
                 program_and_args="python -m jupyter_hpcdl.containers run hpcdl/base:latest -- engine")
     alloc = NewAllocation(nodes=2, walltime="00:10", partition="gpu", account="proj-a", gpus_per_rank=1)
-    tasks = ("exec /v/bin/python -m jupyter_hpcdl.tasks --ranks=4 --gpus-per-rank=1 --name=hpcdl-engines -- python -m "
+    tasks = ("exec /v/bin/python -m jupyter_hpcdl.job.tasks --ranks=4 --gpus-per-rank=1 --name=hpcdl-engines -- python -m "
              "jupyter_hpcdl.containers run hpcdl/base:latest -- engine --profile-dir=/home/a/.ipython/profile_default "
              "--cluster-id=c1")
     assert engines_job_template(Slurm(), alloc, 4, "/v/bin/python").format(**fill).splitlines() == [
@@ -180,7 +180,7 @@ def test_an_owner_in_a_job_of_an_adapter_without_the_jobs_side_says_so():
 
 
 def test_tasks_say_what_is_missing_instead_of_a_traceback(capsys, monkeypatch):
-    from jupyter_hpcdl.tasks import main
+    from jupyter_hpcdl.job.tasks import main
 
     for name in ("SLURM_JOB_ID", "JOB_ID", "PBS_JOBID", "LSB_JOBID"):
         monkeypatch.delenv(name, raising=False)
@@ -210,14 +210,14 @@ class _HereAdapter:
 
 
 def _tasks_args(*words):
-    from jupyter_hpcdl.tasks import _parser
+    from jupyter_hpcdl.job.tasks import _parser
 
     args = _parser().parse_args(list(words))
     return args, args.command[1:]
 
 
 def test_tasks_started_alone_know_their_rank_and_gpu_and_give_the_first_failure(tmp_path, monkeypatch):
-    from jupyter_hpcdl.tasks import run_tasks
+    from jupyter_hpcdl.job.tasks import run_tasks
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     out = tmp_path / "seen"
@@ -235,7 +235,7 @@ def test_a_stopped_launcher_ends_its_tasks_through_their_stdin(tmp_path):
 
     import psutil
 
-    from jupyter_hpcdl.tasks import run_tasks
+    from jupyter_hpcdl.job.tasks import run_tasks
 
     marker = f"hpcdl-test-{os.getpid()}"
     args, command = _tasks_args("--ranks=2", "--", sys.executable, "-c", "import time; time.sleep(120)", marker)

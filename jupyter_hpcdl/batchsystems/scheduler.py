@@ -3,16 +3,20 @@ class; Slurm's is in slurm.py, and others (Grid Engine, PBS, LSF) are additions 
 group ``jupyter_hpcdl.schedulers``, not forks of the spawner."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Mapping, Sequence
 
 from traitlets import List, Unicode, validate
-from traitlets.config import Configurable
+from traitlets.config import Config, Configurable
 
 from ..jobvalues import format_walltime
 
 PENDING, RUNNING, ENDED = "pending", "running", "ended"
+#: The hub's configuration of the adapter, handed to its jobs (JSON: ``{"GridEngine": {"pe_multi_node": ...}}``), so
+#: that the jobs a kernel submits get the site's directives, prologue and names as the hub's do.
+CONFIG_ENV = "HPCDL_SCHEDULER_CONFIG"
 #: The scheduler could not be asked (an error or a timeout): the job may be anywhere. Never the same as ended.
 UNKNOWN = "unknown"
 
@@ -74,7 +78,7 @@ class JobResources:
 class RankJob:
     """A batch job whose tasks are ranks (a training session's new allocation, a batch run): ``ranks`` tasks
     block-wise over ``nodes`` nodes, each with ``gpus_per_rank`` GPUs. Every value is checked by its builder
-    (``jupyter_hpcdl.newjob``) before an adapter writes it."""
+    (``jupyter_hpcdl.job.newjob``) before an adapter writes it."""
 
     job_name: str
     nodes: int
@@ -136,8 +140,14 @@ class Scheduler(Configurable):
 
     def header(self, req: JobRequest, job_name: str, output: str, workdir: str, comment: str = "") -> list[str]:
         """The script's directive lines: the request's, then the site's ``extra_directives``."""
-        return [f"{self.directive} {o}" for o in (*self.options(req, job_name, output, workdir, comment),
-                                                  *self.extra_directives)]
+        return [*self.directives(self.options(req, job_name, output, workdir, comment)), *self.site_directives()]
+
+    def directives(self, options: Sequence[str]) -> list[str]:
+        return [f"{self.directive} {o}" for o in options]
+
+    def site_directives(self) -> list[str]:
+        """The site's ``extra_directives`` as lines, for every job's header after the request's."""
+        return self.directives(self.extra_directives)
 
     def submit_argv(self, env_names: Sequence[str]) -> list[str]:
         """Submission reading the script on stdin; only the named variables go to the job, with their values taken
@@ -208,14 +218,22 @@ class Scheduler(Configurable):
         raise NotImplementedError
 
     def rank_job_header(self, job: RankJob) -> list[str]:
-        return [f"{self.directive} {o}" for o in self.rank_job_options(job)]
+        """The directive lines of such a job: the request's, then the site's ``extra_directives``."""
+        return [*self.directives(self.rank_job_options(job)), *self.site_directives()]
+
+    def job_config(self) -> str:
+        """What the site configured of this adapter (the traits that differ from their defaults), as
+        :data:`CONFIG_ENV` carries it; empty where nothing is."""
+        changed = {name: value for name, value in self.trait_values(config=True).items()
+                   if value != self.trait_defaults(name)}
+        return json.dumps({type(self).__name__: changed}, sort_keys=True) if changed else ""
 
     def submit_file_argv(self, path: str) -> list[str]:
         """Submission of the batch script ``path``, whose directives say everything; it prints the id as
         :meth:`parse_submit` reads it."""
         raise NotImplementedError
 
-    # -- inside a job (the job's side: the allocation's owner, hpcdl-launch, jupyter_hpcdl.tasks) --------------------
+    # -- inside a job (the job's side: the allocation's owner, hpcdl-launch, jupyter_hpcdl.job.tasks) --------------------
     def in_job(self, env: Mapping[str, str]) -> bool:
         """Whether ``env`` is that of a job of this batch system."""
         return bool(env.get(self.job_id_env))
@@ -240,22 +258,45 @@ class Scheduler(Configurable):
         raise NotImplementedError
 
 
+def handed_config(text: str | None) -> Config:
+    """The configuration a job was handed (:data:`CONFIG_ENV`'s value); empty if none. ValueError if it is not the
+    JSON object of objects that :meth:`Scheduler.job_config` writes."""
+    if not text:
+        return Config()
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"${CONFIG_ENV} is not JSON ({e})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"${CONFIG_ENV} must be a JSON object of adapter sections, as the hub writes it")
+    return Config(data)
+
+
 def job_scheduler(env: Mapping[str, str]) -> Scheduler | None:
-    """The adapter whose job this process runs in (by its job's variables), or None outside any."""
+    """The adapter whose job this process runs in (by its job's variables), configured as the hub handed it to the
+    job (:data:`CONFIG_ENV`), or None outside any job."""
+    config = handed_config(env.get(CONFIG_ENV))
     for ep in sorted(entry_points(group="jupyter_hpcdl.schedulers"), key=lambda ep: ep.name != "slurm"):
         try:
             sched = ep.load()()
         except Exception:  # a broken third-party adapter must not stop the others
             continue
         if sched.in_job(env):
-            return sched
+            return type(sched)(config=config)
     return None
 
 
-def load_scheduler(name: str, parent: Configurable | None = None) -> Scheduler:
+def owners_scheduler(told: Mapping) -> Scheduler:
+    """The adapter of the job whose allocation's owner answered ``told`` (its ``GET /allocation``), configured as
+    the hub configured it."""
+    return load_scheduler(told.get("scheduler") or "slurm", config=handed_config(told.get("scheduler_config")))
+
+
+def load_scheduler(name: str, parent: Configurable | None = None, config: Config | None = None) -> Scheduler:
     """The adapter registered as ``name`` in the entry point group jupyter_hpcdl.schedulers, configured from
-    ``parent``'s configuration."""
+    ``parent``'s configuration, or from ``config``."""
     found = {ep.name: ep for ep in entry_points(group="jupyter_hpcdl.schedulers")}
     if name not in found:
         raise ValueError(f"no batch-system adapter {name!r}; installed: {', '.join(sorted(found)) or 'none'}")
-    return found[name].load()(parent=parent)
+    cls = found[name].load()
+    return cls(parent=parent) if parent is not None else cls(config=config or Config())

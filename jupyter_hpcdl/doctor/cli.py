@@ -247,7 +247,7 @@ def doctor(args: argparse.Namespace) -> list[Finding]:
         return findings + [Finding("user", FAIL, "the node checks run as a user, not root",
                                    "give --user USER (a user who may submit jobs and has access to the images)")]
     try:
-        sched = load_scheduler(site_profile.scheduler)
+        sched = load_scheduler(site_profile.scheduler, config=cfg)  # with the site's directives and names
     except ValueError as e:
         return findings + [Finding("batch system", FAIL, str(e), "set c.SiteProfile.scheduler to an installed adapter")]
     partition = args.partition or next(iter(profile.partitions))

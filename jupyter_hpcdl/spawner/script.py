@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .options import JobRequest
-from ..batchsystems.scheduler import Scheduler
+from ..batchsystems.scheduler import CONFIG_ENV, Scheduler
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def build_batch_script(req: JobRequest, scheduler: Scheduler, ctx: ScriptContext
         ipaddress.ip_address(ctx.listen_ip)  # ValueError for anything else
     if not re.fullmatch(r"[A-Za-z0-9=._:%/-]*", ctx.comment):
         raise ValueError(f"job comment {ctx.comment!r} has characters other than letters, digits and =._:%/-")
-    command = [ctx.python, "-m", "jupyter_hpcdl.spawner.jobside", f"--image={req.image_ref}",
+    command = [ctx.python, "-m", "jupyter_hpcdl.job.server", f"--image={req.image_ref}",
                *([f"--listen-ip={ctx.listen_ip}"] if ctx.listen_ip else []),
                *([f"--env-file={ctx.env_file}"] if ctx.env_file else []), "--", *ctx.singleuser_cmd]
     run = " ".join(shlex.quote(a) for a in command)
@@ -46,6 +46,9 @@ def build_batch_script(req: JobRequest, scheduler: Scheduler, ctx: ScriptContext
         "set -eu",
         f'export HPCDL_JOB_ID="${{{scheduler.job_id_env}:-}}" HPCDL_NODE="${{{scheduler.node_env}:-}}"',
     ]
+    if scheduler.job_config():
+        lines += ["# the site's configuration of the batch system, for the jobs a kernel submits from here",
+                  f"export {CONFIG_ENV}={shlex.quote(scheduler.job_config())}"]
     if scheduler.epilogue:  # the server runs as a child, so the site's epilogue runs after it, whatever its end
         lines += ["code=0", f"{run} || code=$?", "set +eu", "# the site's epilogue", *scheduler.epilogue, 'exit "$code"']
     else:

@@ -1,2 +1,6 @@
-"""Interactive distributed training: Horovod ranks as ipyparallel engines, driven from the notebook."""
+"""Interactive distributed training: Horovod ranks as ipyparallel engines, driven from the notebook
+(:class:`TrainingSession`, its ranks' place in a new allocation: :class:`NewAllocation`), and batch runs that
+outlive the notebook (:class:`BatchRun`)."""
+from ..job.newjob import NewAllocation  # noqa: F401
+from .batchrun import BatchRun, runs  # noqa: F401
 from .session import FitResult, RankError, ScriptFailed, ScriptResult, TrainingSession, WorldDiverged  # noqa: F401

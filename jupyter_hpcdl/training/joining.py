@@ -2,7 +2,7 @@
 session's own rendezvous) or the MPI one, and the check that the engines joined one world, not several."""
 from __future__ import annotations
 
-from ..world import gloo_env, iface_for, mpi_env, plan_slots
+from ..job.world import gloo_env, iface_for, mpi_env, plan_slots
 from .placement import Engines
 
 

@@ -17,9 +17,9 @@ from typing import Callable
 import ipyparallel as ipp
 import psutil
 
-from ..allocation import SOCKET_ENV, job_time_left, owner_socket, request
-from ..newjob import NewAllocation, engines_job_template
-from ..world import hosts_from_tasks
+from ..job.owner import SOCKET_ENV, job_time_left, owner_socket, request
+from ..job.newjob import NewAllocation, engines_job_template
+from ..job.world import hosts_from_tasks
 
 PLACES = ("local", "allocation", "new")
 
@@ -227,7 +227,7 @@ class NewAllocationPlacement(Placement):
     def start(self, on_controller, get) -> Engines:
         from traitlets.config import Config
 
-        from ..batchsystems.scheduler import load_scheduler
+        from ..batchsystems.scheduler import owners_scheduler
 
         o = self.options
         submit, python, sock = {}, sys.executable, owner_socket()
@@ -236,12 +236,12 @@ class NewAllocationPlacement(Placement):
             if not sock:
                 raise RuntimeError("where='new' submits a batch job, but there is no batch system's client here "
                                    "and no jupyter-hpcdl job whose owner could submit it")
-            from ..jobclient import CANCEL, SUBMIT
+            from ..job.client import CANCEL, SUBMIT
 
             submit = {"submit_command": SUBMIT, "delete_command": CANCEL}  # the owner submits and cancels
             told = request(sock, "GET", "/allocation")
             python = told["host_python"]  # the job runs on the host
-            sched = load_scheduler(told.get("scheduler") or "slurm")
+            sched = owners_scheduler(told)
         if sched.name not in ENGINE_LAUNCHERS:
             raise RuntimeError(f"where='new' has no ipyparallel launcher for {sched.name}")
         engines, launcher = ENGINE_LAUNCHERS[sched.name]
@@ -300,7 +300,7 @@ class NewAllocationPlacement(Placement):
 def container_engine_cmd(image: str, mpi: bool = False, python: str | None = None) -> list[str]:
     """An engine started in the user's container for ``image`` by ``python`` (the host's, with jupyter_hpcdl);
     ipyparallel tells engines their cluster through these variables, which are passed into the container by name."""
-    from ..allocation import ENGINE_ENV, MPI_IN_CONTAINER
+    from ..job.owner import ENGINE_ENV, MPI_IN_CONTAINER
     from ..containers.kernelspec import in_container_argv
 
     return in_container_argv(image, python or sys.executable, ENGINE_ENV, ["python3", "-m", "ipyparallel.engine"],
@@ -338,7 +338,7 @@ def placement_for(kind: str, options: PlacementOptions) -> Placement:
 
 
 def _task() -> tuple[int, str]:
-    """On an engine: its task number and node, as jupyter_hpcdl.tasks or the batch system's step (Slurm's) says."""
+    """On an engine: its task number and node, as jupyter_hpcdl.job.tasks or the batch system's step (Slurm's) says."""
     import os
 
     if "HPCDL_TASK_RANK" in os.environ:

@@ -43,7 +43,7 @@ def _with_deadline(fn, seconds: float, what: str) -> None:
 
 def reap(args: argparse.Namespace) -> None:
     if args.owner_socket and os.path.exists(args.owner_socket):
-        from jupyter_hpcdl.allocation import request
+        from jupyter_hpcdl.job.owner import request
 
         _with_deadline(lambda: request(args.owner_socket, "DELETE", "/engines"), 60, "stopping the engines' steps")
     if args.cluster_file and os.path.exists(args.cluster_file):

@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 
 import ipyparallel as ipp
 
-from ..allocation import request
-from ..newjob import NewAllocation, rank_job
+from ..job.owner import request
+from ..job.newjob import NewAllocation, rank_job
 from . import rank as rank_side
 from . import scripts as script_side
 from .experiments import run_scaling

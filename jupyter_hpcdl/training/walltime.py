@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..allocation import job_time_left
+from ..job.owner import job_time_left
 
 __all__ = ["DEFAULT_MARGIN", "WalltimeWatch", "job_time_left"]
 

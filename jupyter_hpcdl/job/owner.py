@@ -4,7 +4,7 @@ asks the batch system goes through the job's adapter (``jupyter_hpcdl.batchsyste
 
 Kernels run inside containers, where there is no scheduler client: they ask this owner over a Unix socket in the
 user's private job directory (file permissions are the authentication). The Jupyter server extension
-(``jupyter_hpcdl.serverext``) runs it for the job that runs the user's JupyterLab.
+(``jupyter_hpcdl.job.serverext``) runs it for the job that runs the user's JupyterLab.
 
 The owner and its router :func:`handle` are asynchronous: the extension serves them on JupyterLab's own event loop
 (which alone owns the owner's state), so a slow submission or query must not stall every other request of the
@@ -28,23 +28,23 @@ import httpx
 
 from typing import TYPE_CHECKING
 
-from .containers.kernelspec import KERNEL_ENV, in_container_argv
-from .containers.spec import check_image_ref
+from ..containers.kernelspec import KERNEL_ENV, in_container_argv
+from ..containers.spec import check_image_ref
 from .tasks import TASK_NODE_ENV, TASK_RANK_ENV
 
 if TYPE_CHECKING:
-    from .batchsystems.scheduler import JobResources, Scheduler
+    from ..batchsystems.scheduler import JobResources, Scheduler
 
 SOCKET_ENV = "HPCDL_ALLOCATION_FILE"
 #: Deadlines, in seconds: for submitting and cancelling; for the queries (time left, hosts); and how long the
 #: engines' tasks have between SIGTERM and SIGKILL.
 COMMAND_TIMEOUT_S = 60.0
 QUERY_TIMEOUT_S = 15.0
-STOP_GRACE_S = 60.0  # longer than jupyter_hpcdl.tasks takes to end tasks started alone
+STOP_GRACE_S = 60.0  # longer than jupyter_hpcdl.job.tasks takes to end tasks started alone
 #: What MPI in the container needs from srun's PMIx: its per-task variables, and its rendezvous under /tmp.
 MPI_IN_CONTAINER = ("--env-prefix=PMIX_", "--env-prefix=SLURM_", "--env-prefix=OMPI_", "--volume=/tmp")
 #: What an engine in a container gets by name: the kernel's variables, its task (the batch system's or
-#: jupyter_hpcdl.tasks'), and ipyparallel's cluster.
+#: jupyter_hpcdl.job.tasks'), and ipyparallel's cluster.
 ENGINE_ENV = (*KERNEL_ENV, TASK_RANK_ENV, TASK_NODE_ENV, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
               "SLURM_STEP_NODELIST", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR", "IPP_CONNECTION_INFO")
 
@@ -61,7 +61,7 @@ def default_socket_path(job_id: str) -> str:
 
 def engines_argv(ranks: int, image: str, connection_file: str, python: str = sys.executable,
                  gpus_per_rank: int = 0, mpi: bool = False, env: Mapping[str, str] | None = None) -> list[str]:
-    """``ranks`` ipyparallel engines as tasks over the job's allocation (``jupyter_hpcdl.tasks``: block-wise, the
+    """``ranks`` ipyparallel engines as tasks over the job's allocation (``jupyter_hpcdl.job.tasks``: block-wise, the
     batch system's way), each in the user's container for ``image`` (created on first use), each with its own
     GPU(s). ``env``: where the variables an engine gets by name are looked up (those set are passed to tasks that
     are started alone)."""
@@ -71,7 +71,7 @@ def engines_argv(ranks: int, image: str, connection_file: str, python: str = sys
     if not os.path.isabs(connection_file) or "\n" in connection_file:
         raise ValueError("the connection file must be an absolute path")
     names = [n for n in ENGINE_ENV if n in (os.environ if env is None else env)]
-    return [python, "-m", "jupyter_hpcdl.tasks", f"--ranks={ranks}", f"--gpus-per-rank={gpus_per_rank}",
+    return [python, "-m", "jupyter_hpcdl.job.tasks", f"--ranks={ranks}", f"--gpus-per-rank={gpus_per_rank}",
             "--name=hpcdl-engines", *(["--mpi"] if mpi else []), *(f"--env={n}" for n in names), "--",
             *in_container_argv(image, python, ENGINE_ENV,
                                ["python3", "-m", "ipyparallel.engine", f"--file={connection_file}", "--quiet"],
@@ -130,7 +130,7 @@ async def run_command_async(argv: Sequence[str], timeout: float, env: Mapping[st
 
 
 def _scheduler(env: Mapping[str, str]) -> Scheduler | None:
-    from .batchsystems.scheduler import job_scheduler
+    from ..batchsystems.scheduler import job_scheduler
 
     return job_scheduler(env)
 
@@ -254,7 +254,8 @@ class AllocationOwner:
         gpus = None
         if found is not None:
             gpus = found.gpus_per_node if found.gpus_per_node is not None else (found.gpus_per_task or 0) * hosts[0][1]
-        return {"in_job": True, "job_id": self.job_id, "scheduler": self.sched.name, "nodes": [h for h, _ in hosts],
+        return {"in_job": True, "job_id": self.job_id, "scheduler": self.sched.name,
+                "scheduler_config": self.sched.job_config(), "nodes": [h for h, _ in hosts],
                 "slots": [n for _, n in hosts], "partition": found.partition if found else "",
                 "host_python": sys.executable, "gpus_per_node": gpus,
                 "time_left": found.time_left if found else "", "time_left_s": found.time_left_s if found else None,
@@ -349,7 +350,7 @@ class AllocationOwner:
         """A job this owner submitted: its phase (pending, running, ended or unknown), the scheduler's state and
         reason, and its walltime left, as the scheduler says. A job the scheduler has forgotten (some time after it
         ended) is "ended" with an empty state."""
-        from .batchsystems.scheduler import ENDED, UNKNOWN
+        from ..batchsystems.scheduler import ENDED, UNKNOWN
 
         self._submitted(job_id)
         sched = self._batch_system()

@@ -19,7 +19,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_unix_socket
 
-from .allocation import SOCKET_ENV, AllocationOwner, default_socket_path, handle
+from .owner import SOCKET_ENV, AllocationOwner, default_socket_path, handle
 
 #: The descriptor of the socket that holds the server's port until the server listens on it (set by the job).
 HELD_PORT_ENV = "HPCDL_HELD_PORT_FD"
@@ -78,7 +78,7 @@ def serve_owner(owner: AllocationOwner, path: str) -> HTTPServer:
 
 
 def _jupyter_server_extension_points():
-    return [{"module": "jupyter_hpcdl.serverext"}]
+    return [{"module": "jupyter_hpcdl.job.serverext"}]
 
 
 def _release_held_port(serverapp, fd: int, tries: int = 300) -> None:

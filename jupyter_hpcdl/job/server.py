@@ -1,0 +1,105 @@
+"""The job's side of a spawn, run by the batch script on the first node (host side, beside srun and the
+scheduler's client): prepare the user's container, write the container kernelspec, take a port and hold it, tell the
+hub only that port (the hub takes the node from the scheduler), then run the single-user server as the child of
+this process, which stays the job's subreaper (:mod:`.subreaper`: nothing the server starts outlives the job).
+
+The port is held, not just picked: the socket bound to it (SO_REUSEADDR, never listening) is passed to the server,
+so the kernel gives the port to no one else asking for a free port, and a plain bind of it
+fails (a process that sets SO_REUSEADDR itself and listens first could still take it); the server binds the same port
+(tornado sets SO_REUSEADDR too, which Linux allows while no socket listens on it) and listens, and the server
+extension then closes the held socket (``HPCDL_HELD_PORT_FD``)."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from urllib.parse import urlsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from jupyter_hpcdl.containers.errors import ContainerError
+from jupyter_hpcdl.containers.kernelspec import container_kernelspec, write_kernelspec
+from jupyter_hpcdl.containers.site import load_site
+
+from ..spawner import envfile  # the hub writes it; the job reads it once
+from .subreaper import supervise
+
+KERNEL_NAME = "hpcdl"
+
+
+def hold_port(ip: str) -> socket.socket:
+    """A socket bound to a free port on ``ip`` and kept open (inheritable, so the server it is passed to holds it)."""
+    s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, 0))
+    s.set_inheritable(True)
+    return s
+
+
+def route_address(url: str) -> str:
+    """This node's address on its route to ``url``'s host: the interface the hub's network reaches it by (no packet
+    is sent: connecting a UDP socket only chooses the route)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        return s.getsockname()[0]
+
+
+def report_port(api_url: str, token: str, port: int) -> None:
+    """Tell the hub the port, retrying with backoff (up to about 15 minutes) while the hub is unreachable: it may
+    be restarting."""
+    retry = Retry(total=100, connect=100, read=3, status=5, backoff_factor=0.5, backoff_max=10,
+                  status_forcelist=(502, 503, 504), allowed_methods=None)
+    with requests.Session() as session:
+        session.mount("http://", HTTPAdapter(max_retries=retry))
+        session.mount("https://", HTTPAdapter(max_retries=retry))
+        r = session.post(api_url.rstrip("/") + "/hpcdl/callback", json={"port": port}, timeout=30,
+                         headers={"Authorization": f"token {token}"})
+        r.raise_for_status()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jupyter_hpcdl.job.server")
+    p.add_argument("--image", required=True)
+    p.add_argument("--listen-ip", default="", help="default: this node's address on its route to the hub")
+    p.add_argument("--env-file", default="", help="a file with the job's secrets (read once, then removed)")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.env_file:
+        os.environ.update(envfile.load(args.env_file))
+    job = os.environ.get("HPCDL_JOB_ID") or str(os.getpid())
+    print(f"[jupyter-hpcdl] job {job} on {os.environ.get('HPCDL_NODE') or socket.gethostname()}: "
+          f"preparing the container for {args.image}", flush=True)
+    try:
+        container = load_site().client().ensure_container(args.image)
+    except ContainerError as e:
+        print(f"[jupyter-hpcdl] error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(f"[jupyter-hpcdl] container {container} ready", flush=True)
+
+    job_dir = os.path.expanduser(f"~/.jupyter-hpcdl/jobs/{job}")
+    write_kernelspec(os.path.join(job_dir, "kernels"), KERNEL_NAME, container_kernelspec(args.image, sys.executable))
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [job_dir, os.environ.get("JUPYTER_PATH")]))
+
+    ip = args.listen_ip or route_address(os.environ["JUPYTERHUB_API_URL"])
+    held = hold_port(ip)
+    port = held.getsockname()[1]
+    os.environ["HPCDL_HELD_PORT_FD"] = str(held.fileno())  # the server extension closes it once the server listens
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+    host = f"[{ip}]" if ":" in ip else ip
+    os.environ["JUPYTERHUB_SERVICE_URL"] = f"http://{host}:{port}{prefix}"
+    report_port(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"], port)
+    print(f"[jupyter-hpcdl] server on {host}:{port}", flush=True)
+    argv = [*command, f"--MultiKernelManager.default_kernel_name={KERNEL_NAME}"]
+    fd = held.detach()  # from here on only the server holds the port (its extension closes it once listening)
+    return supervise(argv, pass_fds=[fd])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
