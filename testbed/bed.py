@@ -282,6 +282,7 @@ def describe(identity: dict | None = None) -> dict:
         "hub_url": f"http://127.0.0.1:{config.HUB_PORT}", "hub_dir": str(STATE / "hub"),
         "sge_hub_url": f"http://127.0.0.1:{config.SGE_HUB_PORT}", "sge_hub_dir": str(STATE / config.SGE_HUB.dirname),
         "sge_host": gridengine.host(), "sge_hosts": gridengine.hosts(), "sge_queue": gridengine.QUEUE,
+        "sge_pe_multi_node": config.SGE_PE_MULTI_NODE,
     }
 
 

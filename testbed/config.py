@@ -13,6 +13,9 @@ HUB_PORT = 8000
 SGE_HUB_PORT = 8100  # a second hub for the same site on Son of Grid Engine
 #: Grid Engine's second execution host: a name and loopback address of its own (see gridengine.py)
 SGE_SECOND_HOST, SGE_SECOND_ADDR = "sge2", "127.0.0.2"
+#: The site's name for its per-node PEs (not the adapter's default, mpi-G): set in the Grid Engine hub's
+#: configuration, so the jobs a kernel submits work only if the hub's configuration reaches them
+SGE_PE_MULTI_NODE = "gpus-{gpus_per_node}"
 WORKSHOP_PORT = 8092  # the instructor's page (a hub-managed service on loopback)
 WORKSHOP_GROUP = "workshop"
 PARTITION = "gpu"
@@ -96,7 +99,8 @@ def hub_config(state: Path, prefix: Path, users: list[str], password: str, works
 def sge_hub_config(state: Path, prefix: Path, users: list[str], password: str, hosts: list[str]) -> str:
     """The same site on Son of Grid Engine (its execution hosts: ``hosts``): only the scheduler, the nodes and the
     hub's own ports and files differ."""
-    return _hub_config(state, prefix, users, password, (), SGE_HUB, hosts)
+    return _hub_config(state, prefix, users, password, (), SGE_HUB, hosts) + \
+        f"c.GridEngine.pe_multi_node = {SGE_PE_MULTI_NODE!r}  # the site's own PE names\n"
 
 
 @dataclass(frozen=True)

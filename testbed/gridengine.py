@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -31,7 +32,8 @@ CLIENT_ENV = {"SGE_ROOT": str(ROOT), "SGE_CELL": CELL}
 ENV = {**CLIENT_ENV, "SGE_ND": "1"}  # the daemons stay in the foreground, so the bed records their pids
 QUEUE = config.PARTITION  # the same names as Slurm's partitions, so the site profile carries over unchanged
 QUEUES = (config.PARTITION, config.CPU_PARTITION)
-PES = {"smp": "$pe_slots", **{f"mpi-{n}": str(n) for n in range(1, config.GPUS_PER_NODE + 1)}}
+PES = {"smp": "$pe_slots", **{config.SGE_PE_MULTI_NODE.format(gpus_per_node=n): str(n)
+                               for n in range(1, config.GPUS_PER_NODE + 1)}}
 SHIM_SOURCE = Path(__file__).parent / "sge-hostaddr.c"
 
 
@@ -126,6 +128,9 @@ def prepare(state: Path) -> bool:
         (locks / h).chmod(0o1777)  # the jobs' users record which GPUs their jobs hold on this host here
         for i in range(config.GPUS_PER_NODE):
             (locks / h / f"gpu{i}.lock").touch(0o644)
+    for h in hosts():
+        (state / "sge/tmp" / h).mkdir(parents=True, exist_ok=True)
+        (state / "sge/tmp" / h).chmod(0o1777)
     starter = state / "sge/gpu-starter.sh"
     if write(starter, (Path(__file__).parent / "sge-gpu-starter.sh").read_text()):
         starter.chmod(0o755)
@@ -171,8 +176,11 @@ def _apply(add: str, modify: str, text: str, current: str | None) -> bool:
 
 
 def _same(current: str, wanted: str) -> bool:
-    have = _attrs(current)
-    return all(have.get(k) == v for k, v in _attrs(wanted).items())
+    def values(text: str) -> dict[str, str]:  # qconf breaks long lists after their commas
+        return {k: re.sub(r",\s+", ",", v) for k, v in _attrs(text).items()}
+
+    have = values(current)
+    return all(have.get(k) == v for k, v in values(wanted).items())
 
 
 def _attrs(text: str) -> dict[str, str]:
@@ -214,9 +222,12 @@ def configure(state: Path) -> bool:
     for name in QUEUES:
         queue = _show("-sq", name)
         template = queue if queue is not None else qconf("-sq").stdout
+        # each host its own directory for jobs' $TMPDIR: in one /tmp, a host that ends a job's last task there
+        # would remove the directory the job's tasks on the other host still use
+        tmpdirs = ",".join([str(state / "sge/tmp" / names[0]), *(f"[{h}={state / 'sge/tmp' / h}]" for h in names[1:])])
         wanted = {"qname": name, "hostlist": "@allhosts", "load_thresholds": "NONE", "pe_list": " ".join(PES),
                   "slots": str(config.GPUS_PER_NODE), "shell": "/bin/bash", "shell_start_mode": "unix_behavior",
-                  "starter_method": str(state / "sge/gpu-starter.sh")}
+                  "starter_method": str(state / "sge/gpu-starter.sh"), "tmpdir": tmpdirs}
         text = "".join(f"{k} {wanted.get(k, v)}\n" for k, v in _attrs(template).items())
         changed |= _apply("-Aq", "-Mq", text, queue)
     sconf = qconf("-ssconf").stdout

@@ -3,6 +3,7 @@ and the same mark that the spawner uses; jobs on one host and across the bed's t
 import asyncio
 import json
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +17,10 @@ from jupyter_hpcdl.spawner.queue import JobQueue
 from jupyter_hpcdl.batchsystems.scheduler import ENDED, PENDING, RUNNING
 
 pytestmark = pytest.mark.testbed
-SGE = GridEngine()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
+import config as bedconfig  # noqa: E402
+
+SGE = GridEngine(pe_multi_node=bedconfig.SGE_PE_MULTI_NODE)  # configured as the bed's Grid Engine hub is
 NAME = "hpcdl-sge-test"
 
 
@@ -129,9 +133,9 @@ def launch_job(alice, body: str, slots: int = 2, pe: str = "smp") -> str:
                       f"#$ -wd {alice.home} -S /bin/bash -N {NAME}", body]) + "\n"
 
 
-@pytest.mark.parametrize("pe", ["smp", "mpi-1"])
+@pytest.mark.parametrize("pe", ["smp", bedconfig.SGE_PE_MULTI_NODE.format(gpus_per_node=1)])
 def test_hpcdl_launch_joins_ranks_in_containers_into_one_horovod_world(bed, alice, queue, pe):
-    """Two ranks on one host (smp) and one on each host (mpi-1: one slot a host), each in alice's container."""
+    """Two ranks on one host (smp) and one on each host (a PE of one slot a host), each in alice's container."""
     out = Path(alice.home, "sge-launch.out")
     out.unlink(missing_ok=True)
     script = launch_job(alice, f"hpcdl-launch --image={bed['image']} -e TF_CPP_MIN_LOG_LEVEL -- "
@@ -190,11 +194,11 @@ def test_jobs_get_their_own_gpus_and_their_tasks_the_same(bed, alice, queue):
 
 @pytest.mark.parametrize("nodes, gpus", [(1, 1), (1, 2), (2, 2)])
 def test_tasks_run_one_per_slot_each_with_its_rank_and_own_gpu(bed, alice, queue, nodes, gpus):
-    """``jupyter_hpcdl.tasks`` in a job: one task per slot (qrsh -inherit in a PE; in a job of one slot, which has
+    """``jupyter_hpcdl.job.tasks`` in a job: one task per slot (qrsh -inherit in a PE; in a job of one slot, which has
     no PE, here), each knowing its rank and host (block-wise over the hosts) and seeing a GPU of its own there."""
     python = bed["venv"] + "/bin/python"
     ranks = nodes * gpus
-    body = (f"{python} -m jupyter_hpcdl.tasks --ranks={ranks} --gpus-per-rank=1 -- "
+    body = (f"{python} -m jupyter_hpcdl.job.tasks --ranks={ranks} --gpus-per-rank=1 -- "
             "sh -c 'echo task=$HPCDL_TASK_RANK:$HPCDL_TASK_NODE:$HOSTNAME:$CUDA_VISIBLE_DEVICES'; echo code=$?")
 
     async def go():

@@ -10,6 +10,7 @@ import pytest
 
 from demo_notebook import run_first_notebook, run_notebooks
 from hubclient import Hub
+from jupyter_hpcdl.batchsystems.scheduler import ENDED, load_scheduler
 
 pytestmark = pytest.mark.testbed
 
@@ -31,10 +32,8 @@ THE_REST = ["02-your-own-model-and-data.ipynb", "03-scaling.ipynb", "04-checkpoi
             "05-horovod-script.ipynb", "06-batch-mode.ipynb"]
 
 
-def test_the_other_notebooks_run_unchanged_in_alices_job(bed):
-    """Notebooks 02-06, unchanged, in one server of alice's (two nodes): the ranks on the job's nodes in her
-    container, the batch run in a Slurm job of its own."""
-    done = run_notebooks(Hub(bed), "alice", nodes=2, names=THE_REST)
+def check_the_rest(done: dict, sched) -> None:
+    """What notebooks 02-06 printed, and that 06's batch run ended by itself (as ``sched``, the adapter, says)."""
     s = {name.split("-", 1)[0]: summary for name, (summary, _) in done.items()}
     assert s["02"]["where"] == "allocation" and s["02"]["history_rows"] == 4 and s["02"]["val_accuracy"] > 0.7, s
     for mode in ("strong", "weak"):
@@ -46,29 +45,29 @@ def test_the_other_notebooks_run_unchanged_in_alices_job(bed):
     assert batch["where"] == "batch" and batch["job_id"].isdigit() and batch["exit_code"] == 0, batch
     assert batch["ranks_seen"] == [0, 1] and batch["epochs"] == 4
     assert batch["loss_last_epoch"] < batch["loss_first_epoch"] and batch["attached_phase"] == "ended"
-    job = subprocess.run(["squeue", "-h", "-j", batch["job_id"], "-o", "%T"], capture_output=True, text=True,
-                         timeout=30)
-    assert job.stdout.strip() in ("", "COMPLETED", "COMPLETING"), job  # the batch job ended by itself
+    listing = subprocess.run(sched.queue_argv(), capture_output=True, text=True, timeout=30, check=True).stdout
+    job = sched.parse_queue(listing).get(batch["job_id"])
+    assert job is None or job.phase == ENDED, job  # the batch job ended by itself
     for _, executed in done.values():
         book = json.loads(executed.read_text())
         assert not [o for c in book["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def test_the_other_notebooks_run_unchanged_in_alices_job(bed):
+    """Notebooks 02-06, unchanged, in one server of alice's (two nodes): the ranks on the job's nodes in her
+    container, the batch run in a Slurm job of its own."""
+    check_the_rest(run_notebooks(Hub(bed), "alice", nodes=2, names=THE_REST), load_scheduler("slurm"))
 
 
 def test_the_notebooks_run_unchanged_in_a_grid_engine_job(bed):
-    """The same notebooks in alice's server on the second hub, whose jobs are Grid Engine's: one exec host, so
-    two GPUs of it (06 is left out: its batch run asks for two nodes, and the bed has one Grid Engine host)."""
+    """The same six notebooks in alice's server on the second hub, whose jobs are Grid Engine's: two nodes (the
+    bed's two execution hosts), the batch run a Grid Engine job of two nodes of its own."""
     hub = Hub({"hub_url": bed["sge_hub_url"], "hub_dir": bed["sge_hub_dir"]})
     hub.api("POST", "/hub/api/users/alice")  # 201, or 409 when known
-    names = ["01-first-training.ipynb", *THE_REST[:-1]]
-    done = run_notebooks(hub, "alice", nodes=1, names=names, gpus_per_node=2)
-    s = {name.split("-", 1)[0]: summary for name, (summary, _) in done.items()}
-    assert s["01"]["where"] == "allocation" and s["01"]["ranks"] == 2 and s["01"]["epochs"] == 4, s["01"]
-    assert s["01"]["loss_last_epoch"] < 0.8 * s["01"]["loss_first_epoch"], s["01"]
-    assert all(r["container"] and r["batches"] > 0 for r in s["01"]["per_rank"].values()), s["01"]
-    assert s["02"]["where"] == "allocation" and s["02"]["val_accuracy"] > 0.7, s["02"]
-    assert [r["ranks"] for r in s["03"]["strong"]] == [1, 2]
-    assert s["04"]["weights_match_checkpoint"] and s["04"]["time_left"] and s["04"]["time_left"] > 0, s["04"]
-    assert s["05"]["exit_codes"] == {"0": 0, "1": 0}, s["05"]
-    for _, executed in done.values():
-        book = json.loads(executed.read_text())
-        assert not [o for c in book["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    done = run_notebooks(hub, "alice", nodes=2, names=["01-first-training.ipynb", *THE_REST])
+    first = done.pop("01-first-training.ipynb")[0]
+    assert first["where"] == "allocation" and first["ranks"] == 2 and first["epochs"] == 4, first
+    assert first["loss_last_epoch"] < 0.8 * first["loss_first_epoch"], first
+    assert all(r["container"] and r["batches"] > 0 for r in first["per_rank"].values()), first
+    assert sorted(r["node"] for r in first["per_rank"].values()) == sorted(bed["sge_hosts"]), first
+    check_the_rest(done, load_scheduler("gridengine"))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from traitlets.config import Config
 
 from hubclient import Hub
 from jupyter_hpcdl.spawner.commands import run
@@ -60,7 +61,9 @@ def site(request, bed):
                  len(bed["nodes"]) * bed["gpus_per_node"], bed["hub_dir"])
     else:
         s = Site("gridengine", Hub({"hub_url": bed["sge_hub_url"], "hub_dir": bed["sge_hub_dir"]}),
-                 load_scheduler("gridengine"), bedconfig.SGE_HUB, 1, bed["gpus_per_node"], bed["sge_hub_dir"])
+                 load_scheduler("gridengine", config=Config({"GridEngine": {"pe_multi_node": bed["sge_pe_multi_node"]}})),
+                 bedconfig.SGE_HUB, len(bed["sge_hosts"]),
+                 len(bed["sge_hosts"]) * bed["gpus_per_node"], bed["sge_hub_dir"])
     for user in ("alice", "bob"):
         s.hub.api("POST", f"/hub/api/users/{user}")  # 201, or 409 when the user is known already
     return s
@@ -165,8 +168,8 @@ def ended(site: Site, user: str, job_id: str, within: float = 60) -> bool:
 
 TRAINING_CODE = """
 import json
-from jupyter_hpcdl.batch import BatchRun
-from jupyter_hpcdl.newjob import NewAllocation
+from jupyter_hpcdl.training.batchrun import BatchRun
+from jupyter_hpcdl.job.newjob import NewAllocation
 from jupyter_hpcdl.training import TrainingSession
 from jupyter_hpcdl.training.examples import digits_loss, digits_model, digits_shard
 
@@ -176,22 +179,22 @@ try:
     world = session.start()
     session.setup(digits_model, digits_shard, loss=digits_loss, lr=0.1)
     fit = session.fit(epochs=2)
-    out.update(world=sorted((w["rank"], w["size"], w["cuda_visible_devices"]) for w in world), loss=fit.loss,
-               nodes=sorted({w["node"] for w in world}), time_left=session.time_left())
+    out.update(world=sorted((w["rank"], w["size"], w["node"], w["cuda_visible_devices"]) for w in world),
+               loss=fit.loss, time_left=session.time_left())
 finally:
     session.close()
 new = TrainingSession(ranks=2, where="new", start_timeout=240,
-                      new_allocation=NewAllocation(nodes=1, walltime=10, partition="gpu", gpus_per_rank=1))
+                      new_allocation=NewAllocation(nodes=2, walltime=10, partition="gpu", gpus_per_rank=1))
 try:
     world = new.start()
-    out.update(new_job=new.job_id, new_world=sorted((w["rank"], w["size"]) for w in world),
-               new_gpus=[w["cuda_visible_devices"] for w in world], new_time_left=new.time_left())
+    out.update(new_job=new.job_id, new_world=sorted((w["rank"], w["size"], w["node"], w["cuda_visible_devices"])
+                                                    for w in world), new_time_left=new.time_left())
     new.setup(digits_model, digits_shard, loss=digits_loss, lr=0.1)
     out.update(new_loss=new.fit(epochs=2).loss)
 finally:
     new.close()
 code = "import sys, horovod.tensorflow as hvd; hvd.init(); print('rank', hvd.rank(), 'of', hvd.size(), flush=True); sys.exit(3 * hvd.rank())"
-run = BatchRun.submit(command=["python3", "-c", code], ranks=2, nodes=1, walltime=5, partition="gpu", name="both")
+run = BatchRun.submit(command=["python3", "-c", code], ranks=2, nodes=2, walltime=5, partition="gpu", name="both")
 ended = run.wait(timeout=300, every=2, show=False)
 result = run.result()
 out.update(batch_job=run.job_id, batch_state=ended.state, batch_code=result.exit_code, batch_output=result.output)
@@ -201,9 +204,10 @@ print(json.dumps(out))
 
 @pytest.mark.timeout(1200)
 def test_the_notebooks_training_new_allocation_and_batch_run_work_the_same(site, clean):
-    """A training session across the job's GPUs, one in a new allocation and a batch run, from the kernel in the
-    container: the same code on both batch systems, which the allocation's owner asks through its adapter."""
-    status, body = spawn(site.hub, "alice", {"nodes": 1, "gpus_per_node": 2, "walltime": "00:30:00", "image": "base"})
+    """A training session across the two nodes of the job, one in a new allocation of two nodes and a batch run on
+    two nodes, from the kernel in the container: the same code on both batch systems, which the allocation's owner
+    asks through its adapter."""
+    status, body = spawn(site.hub, "alice", {"nodes": 2, "gpus_per_node": 1, "walltime": "00:30:00", "image": "base"})
     assert status in (201, 202), body
     site.hub.wait_ready("alice")
     try:
@@ -211,11 +215,12 @@ def test_the_notebooks_training_new_allocation_and_batch_run_work_the_same(site,
     finally:
         site.hub.stop("alice")
     result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-    assert result["world"] == [[0, 2, "0"], [1, 2, "1"]], "each rank its own GPU of the job"
-    assert len(result["nodes"]) == 1 and result["loss"][-1] < result["loss"][0], result
+    for world in (result["world"], result["new_world"]):  # one rank on each node, each with its node's GPU
+        assert [(rank, size) for rank, size, _, _ in world] == [(0, 2), (1, 2)], result
+        assert len({node for _, _, node, _ in world}) == 2, f"the ranks did not span the two nodes: {world}"
+        assert all(gpu and "," not in gpu for *_, gpu in world), f"each rank one GPU: {world}"
+    assert result["loss"][-1] < result["loss"][0], result
     assert 0 < result["time_left"] <= 30 * 60, "the walltime left, as the scheduler says"
-    assert result["new_world"] == [[0, 2], [1, 2]] and all(g and "," not in g for g in result["new_gpus"]), result
-    assert len(set(result["new_gpus"])) == 2, "each rank of the new job its own GPU"
     assert 0 < result["new_time_left"] <= 10 * 60 and result["new_loss"][-1] < result["new_loss"][0], result
     assert ended(site, "alice", result["new_job"]), "the new allocation outlived its session"
     assert ended(site, "alice", result["batch_job"]), "the batch run's job did not end with its ranks"
