@@ -31,6 +31,15 @@ def test_every_other_call_goes_the_full_way(argv):
     assert quickstart.parse(argv) is None
 
 
+def test_a_working_directory_the_full_path_would_refuse_goes_the_full_way(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    odd = tmp_path / "a:b"
+    odd.mkdir()
+    monkeypatch.chdir(odd)
+    monkeypatch.setattr(quickstart, "remembered", lambda site, image: {"root": "/", "env": {}, "workdir": "/"})
+    assert quickstart.run(["run", "img", "--", "true"]) is None
+
+
 def test_a_calls_plan_is_the_full_paths(tmp_path, monkeypatch):
     """The plan made from a remembered start equals the one the full path builds for the same call."""
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -60,14 +69,15 @@ def test_a_remembered_start_holds_only_while_what_it_came_from_does(tmp_path, mo
         f.write_text("{}")
     root = tmp_path / "ROOT"
     root.mkdir()
+    mounts = [str(tmp_path / "scratch")]  # a site's system mount that this node does not have (yet)
     plan = {"root": str(root), "env": {"HPCDL_CONTAINER_MODE": "userns"}, "binds": [], "uid": 1, "gid": 1}
-    quickstart.remember(str(site), "img", plan, str(manifest), str(decision))
+    quickstart.remember(str(site), "img", plan, str(manifest), str(decision), mounts)
     assert oct(os.stat(os.path.dirname(quickstart.starts_file())).st_mode & 0o777) == "0o700"
     assert quickstart.remembered(str(site), "img") == plan and quickstart.remembered(str(site), "other") is None
     assert quickstart.remembered(str(tmp_path / "other.json"), "img") is None  # another site's file
 
     def changed(touch) -> bool:
-        quickstart.remember(str(site), "img", plan, str(manifest), str(decision))
+        quickstart.remember(str(site), "img", plan, str(manifest), str(decision), mounts)
         touch()
         return quickstart.remembered(str(site), "img") is None
 
@@ -77,6 +87,13 @@ def test_a_remembered_start_holds_only_while_what_it_came_from_does(tmp_path, mo
     assert changed(lambda: monkeypatch.setenv("USER", "someone-else"))
     assert changed(lambda: root.rename(tmp_path / "gone"))  # the container was removed
     (tmp_path / "gone").rename(root)
-    quickstart.remember(str(site), "img", plan, str(manifest), str(decision))
+    assert changed(lambda: (tmp_path / "scratch").mkdir())  # a system mount appeared: bind it
+    assert changed(lambda: site.unlink())  # no site file: the defaults, resolved anew
+    quickstart.remember(str(site), "img", plan, str(manifest), str(decision), mounts)
+    assert quickstart.remembered(str(site), "img") is not None  # ...and then remembered without one
+    site.write_text("{}")
+    root.rename(tmp_path / "gone")
+    (tmp_path / "gone").rename(root)
+    quickstart.remember(str(site), "img", plan, str(manifest), str(decision), mounts)
     quickstart.forget("img")
     assert quickstart.remembered(str(site), "img") is None

@@ -77,11 +77,13 @@ def main(argv: list[str] | None = None) -> int:
             spec = RunSpec(container=ud.ensure_container(args.image), command=command, mounts=mounts,
                            env_names=[*args.env, *names_with_prefixes(os.environ, args.env_prefix)],
                            env_files=args.env_file, workdir=args.workdir or cwd_in_home())
-            proc = ud.start(spec)
             call = quickstart.parse(argv)
-            if proc.mode == FAST_MODE and call is not None:  # the next such start: at once
-                ud.remember_start(call.site, args.image, spec.container)
-            return run_foreground(proc)
+            if call is not None and ud.mode_for(spec.container).mode == FAST_MODE:
+                try:  # the next such start: at once (before this one starts: nothing then runs unwatched)
+                    ud.remember_start(call.site, args.image, spec.container)
+                except (OSError, ValueError):  # a read-only or full home: every start takes the full path
+                    pass
+            return run_foreground(ud.start(spec))
     except (ContainerError, FileNotFoundError, ValueError) as e:
         print(f"hpcdl-containers: error: {e}", file=sys.stderr)
         return 2

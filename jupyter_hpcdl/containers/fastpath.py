@@ -65,7 +65,9 @@ def write_cached(path: str, decision: Decision) -> None:
 def launch(plan: dict, env: Mapping[str, str], private_dir: str, **popen_kwargs) -> tuple[ContainerProcess | None, str]:
     """Start ``plan``; the process once it has become the command, or None and why not (nothing was started). A
     single-threaded process prepares the container in its own child (:func:`.nsexec.preexec`); others start the
-    launcher's interpreter (forking a threaded process and running Python there is not safe)."""
+    launcher's interpreter (forking a threaded process and running Python there is not safe). Only the latter
+    has a deadline of its own (START_TIMEOUT); the node's probe takes it, so a node whose mounts hang is known by
+    then."""
     if threading.active_count() == 1:
         started = start_prepared(plan, private_dir, **popen_kwargs)
         if started is not None:
@@ -108,7 +110,9 @@ def probe(root: str, env: Mapping[str, str]) -> tuple[bool, str]:
             "env": {"PATH": "/usr/bin:/bin"}, "argv": ["/bin/sh", "-c", "test -r /proc/self/status && id -u"]}
     private_dir = tempfile.mkdtemp(prefix="hpcdl-probe-")
     t0 = time.monotonic()
-    proc, why = launch(plan, env, private_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # through the launcher's interpreter: a node whose mounts hang is named within START_TIMEOUT, where a start in
+    # Popen's child would wait with it
+    proc, why = _launch_interpreter(plan, env, private_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc is None:
         return False, why
     try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -126,6 +127,8 @@ def run(plan: dict) -> None:
     """:func:`prepare`, then become the command (never returns on success)."""
     prepare(plan)
     argv, env = plan["argv"], plan["env"]
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; the command gets them as from a shell
+        signal.signal(sig, signal.SIG_DFL)
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as e:  # the command's own failure (not found, not executable), not the fast path's

@@ -47,6 +47,12 @@ def cwd_in_home() -> str | None:
     return cwd if cwd == home or cwd.startswith(home.rstrip("/") + "/") else None
 
 
+def _plain_dir(path: str | None) -> bool:
+    """Whether the full path would take ``path`` as the working directory unchanged (normalized, no ':' or line
+    break); where not, it says what is wrong."""
+    return path is None or (os.path.normpath(path) == path and not any(c in path for c in ":\n\r\0"))
+
+
 def _valid_name(name: str) -> bool:
     return bool(name) and name.isascii() and (name[0].isalpha() or name[0] == "_") and \
         all(c.isalnum() or c == "_" for c in name)
@@ -94,12 +100,14 @@ def starts_file() -> str:
     return os.path.join(os.path.expanduser("~"), ".jupyter-hpcdl", "starts", f"{os.uname().nodename}.json")
 
 
-def stamps(site: str, manifest: str, decision: str) -> dict:
-    """What a remembered start was resolved from, as it is now."""
+def stamps(site: str, manifest: str, decision: str, mounts: list[str]) -> dict:
+    """What a remembered start was resolved from, as it is now (``mounts``: the site's system mounts, bound where
+    they exist)."""
     return {"site": [site, _stamp(site)], "manifest": [manifest, _stamp(manifest)],
             "decision": [decision, _stamp(decision)], "code": [_stamp(os.path.join(HERE, f)) for f in SOURCES],
             "user": [os.getuid(), os.getgid(), *(os.environ.get(v) for v in USER_VARIABLES)],
-            "kernel": os.uname().release}
+            "kernel": os.uname().release, "python": list(sys.version_info[:2]),
+            "mounts": [[m, os.path.exists(m)] for m in mounts]}
 
 
 def _entries() -> dict:
@@ -111,15 +119,16 @@ def _entries() -> dict:
     return found if isinstance(found, dict) else {}
 
 
-def remember(site: str, image: str, plan: dict, manifest: str, decision: str) -> None:
+def remember(site: str, image: str, plan: dict, manifest: str, decision: str, mounts: list[str]) -> None:
     """Keep the fast path's resolved start of ``image`` (``plan``: for no command, no variables by name, no
     terminal; ``HPCDL_CONTAINER_MODE`` set) for the next start on this node."""
     from ..atomic import write_json
 
     path = starts_file()
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.chmod(os.path.dirname(path), 0o700)
     entries = _entries()
-    entries[image] = {"stamps": stamps(site, manifest, decision), "plan": plan}
+    entries[image] = {"stamps": stamps(site, manifest, decision, mounts), "plan": plan}
     write_json(path, entries)
 
 
@@ -139,11 +148,11 @@ def remembered(site: str, image: str) -> dict | None:
         return None
     was = entry.get("stamps") or {}
     try:
-        now = stamps(site, was["manifest"][0], was["decision"][0])
-    except (KeyError, IndexError, TypeError):
-        return None
-    if now != was or None in (now["site"][1:] + now["manifest"][1:] + now["decision"][1:]) or \
-            not os.path.isdir(entry["plan"].get("root", "")):
+        now = stamps(site, was["manifest"][0], was["decision"][0], [m for m, _ in was["mounts"]])
+        if now != was or None in (now["manifest"][1:] + now["decision"][1:]) or \
+                not os.path.isdir(entry["plan"]["root"]):
+            return None
+    except (KeyError, IndexError, TypeError, ValueError):  # an entry this code did not write
         return None
     return entry["plan"]
 
@@ -158,7 +167,7 @@ def plan_for(base: dict, names: list[str], prefixes: list[str], command: list[st
     chosen = [*names, *sorted(n for n in environ if _valid_name(n) and any(n.startswith(p) for p in prefixes))]
     env.update({n: environ[n] for n in chosen if n in environ})
     env.update(mode)
-    return {**base, "env": env, "argv": list(command), "workdir": cwd_in_home() or base.get("workdir")}
+    return {**base, "env": env, "argv": list(command), "workdir": cwd_in_home() or base["workdir"]}
 
 
 def run(argv: list[str]) -> int | None:
@@ -167,14 +176,21 @@ def run(argv: list[str]) -> int | None:
     if call is None:
         return None
     base = remembered(call.site, call.image)
-    if base is None:
+    if base is None or not _plain_dir(cwd_in_home()):
         return None
     from .runner import run_foreground, start_prepared
 
-    started = start_prepared(plan_for(base, call.names, call.prefixes, call.command, os.environ))
+    try:
+        plan = plan_for(base, call.names, call.prefixes, call.command, os.environ)
+    except (KeyError, TypeError, ValueError, AttributeError):  # an entry this code did not write
+        return None
+    started = start_prepared(plan)
     if started is None or started[0] is None:
         if started is not None:  # the container could not be prepared: resolve it all again
-            forget(call.image)
+            try:
+                forget(call.image)
+            except OSError:
+                pass
         return None
     return run_foreground(started[0])
 

@@ -315,7 +315,8 @@ class Udocker:
         was resolved from."""
         system_mounts = [p for p in self.policy.system_mounts if os.path.exists(p)]
         plan = self._fast_plan(RunSpec(container, ["true"], user=getpass.getuser()), system_mounts, {})
-        quickstart.remember(site, image, plan, self._manifest(image), cache_file(self.env()["UDOCKER_DIR"]))
+        quickstart.remember(site, image, plan, self._manifest(image), cache_file(self.env()["UDOCKER_DIR"]),
+                            list(self.policy.system_mounts))
 
     def run(self, spec: RunSpec, timeout: float | None = None) -> subprocess.CompletedProcess:
         """Run ``spec`` to completion and return its exit status and output; stops the whole tree on timeout."""
