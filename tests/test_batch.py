@@ -159,7 +159,7 @@ def test_the_batch_script_carries_checked_values_and_the_command_quoted():
                               "/home/alice/hpcdl-batch/digits-1", "/opt/venv/bin/python", "hpcdl/base:latest",
                               ["python3", "/home/alice/train.py", "--name", "it's; rm -rf ~"], "hpcdl-batch-digits")
     lines = script.splitlines()
-    assert lines[0] == "#!/bin/sh" and "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks=4" in lines
+    assert lines[0] == "#!/bin/bash" and "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks=4" in lines
     assert "#SBATCH --time=00:10:00" in lines and "#SBATCH --gpus-per-task=1" in lines
     assert "#SBATCH --output=/home/alice/hpcdl-batch/digits-1/output.log" in lines
     assert lines[-1] == ("exec /opt/venv/bin/python -m jupyter_hpcdl.job.launch --image=hpcdl/base:latest --label "
@@ -169,7 +169,7 @@ def test_the_batch_script_carries_checked_values_and_the_command_quoted():
                            4, "/home/alice/hpcdl-batch/digits-1", "/opt/venv/bin/python", "hpcdl/base:latest",
                            ["python3", "/home/alice/train.py"], "hpcdl-batch-digits").splitlines()
     assert sge[1:-1] == ["#$ -N hpcdl-batch-digits", "#$ -o /home/alice/hpcdl-batch/digits-1/output.log", "#$ -j y",
-                         "#$ -r n", "#$ -S /bin/sh", "#$ -wd /home/alice/hpcdl-batch/digits-1", "#$ -pe mpi-2 4",
+                         "#$ -r n", "#$ -S /bin/bash", "#$ -wd /home/alice/hpcdl-batch/digits-1", "#$ -pe mpi-2 4",
                          "#$ -l h_rt=600,gpu=1", "#$ -q gpu"]
     assert sge[-1] == lines[-1].split(" -- ")[0] + " -- python3 /home/alice/train.py"
     ok = (Slurm(), NewAllocation(), 2, "/home/a/run", "/usr/bin/python3", "hpcdl/base:latest", ["true"], "hpcdl-batch-x")

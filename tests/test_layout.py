@@ -10,6 +10,7 @@ import pytest
 MOVED = {"jupyter_hpcdl.tasks": "jupyter_hpcdl.job.tasks", "jupyter_hpcdl.launch": "jupyter_hpcdl.job.launch",
          "jupyter_hpcdl.jobclient": "jupyter_hpcdl.job.client", "jupyter_hpcdl.newjob": "jupyter_hpcdl.job.newjob",
          "jupyter_hpcdl.batch": "jupyter_hpcdl.training.batchrun",
+         "jupyter_hpcdl.serverext": "jupyter_hpcdl.job.serverext",
          "jupyter_hpcdl.spawner.jobside": "jupyter_hpcdl.job.server"}
 
 

@@ -1,6 +1,7 @@
 """The hub's configuration of the batch system reaches the jobs a kernel submits: the server's script hands it on
 (``HPCDL_SCHEDULER_CONFIG``), the job's side builds its adapter from it, and new allocations and batch runs carry
 the site's directives and prologue (pure: the scripts are built and the hand-off is read back through a shell)."""
+import json
 import subprocess
 
 import pytest
@@ -30,6 +31,13 @@ def handed_env(sched, job_env: dict) -> dict:
     return {**job_env, CONFIG_ENV: out}
 
 
+def shell_export(line: str) -> str:
+    """The value a shell gives the variable of one ``export NAME=VALUE`` line."""
+    name = line.split()[1].split("=", 1)[0]
+    return subprocess.run(["bash", "-c", f"{line}\nprintf %s \"${name}\""], env={"PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=30, check=True).stdout
+
+
 def test_the_jobs_adapter_is_configured_as_the_hubs():
     hub = hub_grid_engine()
     env = handed_env(hub, {"JOB_ID": "7", "SGE_ROOT": "/var/lib/gridengine", "PATH": "/usr/bin:/bin"})
@@ -49,11 +57,14 @@ def test_new_allocations_and_batch_runs_carry_the_sites_directives_and_prologue(
     engines = engines_job_template(sge, NewAllocation(nodes=2, gpus_per_rank=1), 4, "/v/bin/python")
     lines = engines.format(**FILL).splitlines()  # as ipyparallel fills it: the site's braces stay braces
     assert "#$ -N hpcdl-engines-c1" in lines and "#$ -pe gpus-2 4" in lines
-    assert lines[-5:-1] == ["#$ -P ml", "#$ -l h={node1,node2}", "# the site's prologue", "module load cuda/12.2 # it's"]
+    assert lines[0] == "#!/bin/bash" and lines[-6:-4] == ["#$ -P ml", "#$ -l h={node1,node2}"]
+    assert lines[-3:-1] == ["# the site's prologue", "module load cuda/12.2 # it's"]
     assert lines[-1].startswith("exec /v/bin/python -m jupyter_hpcdl.job.tasks")
+    # the rank job's own side (its tasks) gets the hub's configuration too, through a shell as the script runs it
+    assert json.loads(shell_export(lines[-4])) == json.loads(sge.job_config())
     run = batch_run_script(sge, NewAllocation(), 2, "/home/a/run", "/v/bin/python", "hpcdl/base:latest", ["true"],
                            "hpcdl-batch-x").splitlines()
-    assert "#$ -pe threads 2" in run
+    assert "#$ -pe threads 2" in run and f"export {CONFIG_ENV}=" in "\n".join(run)
     assert run.index("#$ -P ml") < run.index("module load cuda/12.2 # it's") < len(run) - 1
     slurm = batch_run_script(Slurm(extra_directives=["--qos=long"]), NewAllocation(), 2, "/home/a/run",
                              "/v/bin/python", "hpcdl/base:latest", ["true"], "hpcdl-batch-x").splitlines()

@@ -125,13 +125,13 @@ def test_new_allocation_script_is_built_from_checked_values():
              "jupyter_hpcdl.containers run hpcdl/base:latest -- engine --profile-dir=/home/a/.ipython/profile_default "
              "--cluster-id=c1")
     assert engines_job_template(Slurm(), alloc, 4, "/v/bin/python").format(**fill).splitlines() == [
-        "#!/bin/sh", "#SBATCH --job-name=hpcdl-engines-c1", "#SBATCH --export=ALL", "#SBATCH --nodes=2",
+        "#!/bin/bash", "#SBATCH --job-name=hpcdl-engines-c1", "#SBATCH --export=ALL", "#SBATCH --nodes=2",
         "#SBATCH --ntasks=4", "#SBATCH --distribution=block", "#SBATCH --time=00:10:00",
         "#SBATCH --output=/home/a/.ipython/profile_default/log/hpcdl-engines-%j.out", "#SBATCH --partition=gpu",
         "#SBATCH --account=proj-a", "#SBATCH --gpus-per-task=1", tasks]
     assert engines_job_template(GridEngine(), alloc, 4, "/v/bin/python").format(**fill).splitlines() == [
-        "#!/bin/sh", "#$ -N hpcdl-engines-c1", "#$ -o /home/a/.ipython/profile_default/log/hpcdl-engines-$JOB_ID.out",
-        "#$ -j y", "#$ -r n", "#$ -S /bin/sh", "#$ -cwd", "#$ -pe mpi-2 4", "#$ -l h_rt=600,gpu=1", "#$ -q gpu",
+        "#!/bin/bash", "#$ -N hpcdl-engines-c1", "#$ -o /home/a/.ipython/profile_default/log/hpcdl-engines-$JOB_ID.out",
+        "#$ -j y", "#$ -r n", "#$ -S /bin/bash", "#$ -cwd", "#$ -pe mpi-2 4", "#$ -l h_rt=600,gpu=1", "#$ -q gpu",
         "#$ -A proj-a", tasks]
     assert "#$ -pe smp 2" in engines_job_template(GridEngine(), NewAllocation(), 2, "/v/bin/python")
     with pytest.raises(ValueError, match="spread evenly over 2 nodes"):
@@ -261,6 +261,8 @@ def test_the_interface_of_an_address_is_the_one_holding_it_or_its_network():
     assert iface_for("127.0.0.1", interfaces) == "lo"
     assert iface_for("127.0.0.2", interfaces) == "lo"  # a second host's name on loopback (the bed's Grid Engine)
     assert iface_for("192.0.2.9", interfaces) == "eth0"
+    overlapping = {"eth0": [("10.0.0.5", "255.0.0.0")], "ib0": [("10.1.0.5", "255.255.0.0")]}
+    assert iface_for("10.1.2.3", overlapping) == "ib0" and iface_for("10.2.0.1", overlapping) == "eth0"
     with pytest.raises(ValueError, match="no network interface holds 10.1.1.1"):
         iface_for("10.1.1.1", interfaces)
     with pytest.raises(ValueError, match="not an IP address"):

@@ -248,7 +248,7 @@ class GridEngine(Scheduler):
         """One slot per rank (in a parallel environment when there are several), ``gpus_per_rank`` GPUs per slot.
         Nothing of the submitter's environment goes with it (no ``-V``: every user could read it in ``qstat -j``);
         what the ranks need is in the script."""
-        lines = [f"-N {job.job_name}", f"-o {job.output}", "-j y", "-r n", "-S /bin/sh",
+        lines = [f"-N {job.job_name}", f"-o {job.output}", "-j y", "-r n", "-S /bin/bash",
                  f"-wd {job.workdir}" if job.workdir else "-cwd"]
         if job.ranks > 1:
             if job.ranks % job.nodes:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from ..containers.spec import check_image_ref
 from ..jobvalues import check_name, parse_walltime
-from ..batchsystems.scheduler import RankJob, Scheduler
+from ..batchsystems.scheduler import CONFIG_ENV, RankJob, Scheduler
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,12 @@ def rank_job(alloc: NewAllocation, ranks: int, job_name: str, output: str, workd
 
 
 def _prologue(sched: Scheduler) -> list[str]:
-    """The site's prologue, as every job script of the site runs it first (its epilogue is the server's job's
-    alone: these jobs end with their ranks)."""
-    return ["# the site's prologue", *sched.prologue] if sched.prologue else []
+    """The site's configuration of the batch system for the job's side (as the server's job has it), and its
+    prologue, as every job script of the site runs it first (in bash, as the server's; its epilogue is the server's
+    job's alone: these jobs end with their ranks)."""
+    config = sched.job_config()
+    return [*([f"export {CONFIG_ENV}={shlex.quote(config)}"] if config else []),
+            *(["# the site's prologue", *sched.prologue] if sched.prologue else [])]
 
 
 def check_new_allocation(sched: Scheduler, alloc: NewAllocation, ranks: int) -> None:
@@ -67,7 +70,7 @@ def engines_job_template(sched: Scheduler, alloc: NewAllocation, ranks: int, pyt
     # the allocation's owner on the kernel's behalf, from another environment); the site's lines may hold braces,
     # which the launcher's formatting would read as its fields
     site = [line.replace("{", "{{").replace("}", "}}") for line in (*sched.site_directives(), *_prologue(sched))]
-    return "\n".join(["#!/bin/sh", *sched.directives(sched.rank_job_options(job)), *site,
+    return "\n".join(["#!/bin/bash", *sched.directives(sched.rank_job_options(job)), *site,
                       f"exec {check_job_dir(python)} -m jupyter_hpcdl.job.tasks --ranks={ranks} "
                       f"--gpus-per-rank={job.gpus_per_rank} --name=hpcdl-engines " + ("--mpi " if mpi else "")
                       + "-- {program_and_args} --profile-dir={profile_dir} --cluster-id={cluster_id}"]) + "\n"
@@ -95,6 +98,6 @@ def batch_run_script(sched: Scheduler, alloc: NewAllocation, ranks: int, job_dir
     if not command or not all(isinstance(word, str) and word and "\0" not in word for word in command):
         raise ValueError("the command must be a non-empty list of non-empty strings")
     job = rank_job(alloc, ranks, job_name, f"{job_dir}/output.log", job_dir)
-    return "\n".join(["#!/bin/sh", *sched.rank_job_header(job), *_prologue(sched),
+    return "\n".join(["#!/bin/bash", *sched.rank_job_header(job), *_prologue(sched),
                       f"exec {python} -m jupyter_hpcdl.job.launch --image={image} --label "
                       f"--status-file={job_dir}/status.json -- " + shlex.join(command)]) + "\n"

@@ -1,4 +1,4 @@
-"""Jupyter server extension: inside a batch job, run the allocation's owner (see allocation.py) on a Unix socket in
+"""Jupyter server extension: inside a batch job, run the allocation's owner (see owner.py) on a Unix socket in
 the user's private job directory, so that kernels (inside containers) can ask it for engines and report their
 training session; and serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenticated) to the JupyterLab panel.
 
@@ -82,7 +82,7 @@ def _jupyter_server_extension_points():
 
 
 def _release_held_port(serverapp, fd: int, tries: int = 300) -> None:
-    """Close the socket the job held the port with (see spawner/jobside.py) once the server listens on the port."""
+    """Close the socket the job held the port with (see server.py) once the server listens on the port."""
     if getattr(getattr(serverapp, "http_server", None), "_sockets", None) or tries <= 0:
         try:
             if stat.S_ISSOCK(os.fstat(fd).st_mode):  # only ever the socket the job passed on

@@ -98,11 +98,15 @@ def iface_for(addr: str, interfaces: Mapping[str, Sequence[tuple[str, str | None
         wanted = ipaddress.ip_address(addr)
     except ValueError:
         raise ValueError(f"{addr!r} is not an IP address") from None
+    holding = []  # (prefix length, name): the most specific network wins
     for name, addrs in interfaces.items():
         for a, mask in addrs:
             try:
-                if mask and wanted in ipaddress.ip_network(f"{a.split('%')[0]}/{mask}", strict=False):
-                    return name
+                network = ipaddress.ip_network(f"{a.split('%')[0]}/{mask}", strict=False) if mask else None
             except ValueError:  # a link-layer address, or one of another family
                 continue
+            if network is not None and wanted in network:
+                holding.append((network.prefixlen, name))
+    if holding:
+        return max(holding)[1]
     raise ValueError(f"no network interface holds {addr}: give the interface explicitly")
