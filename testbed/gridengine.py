@@ -114,9 +114,10 @@ def prepare(state: Path) -> bool:
     write(ROOT / CELL / "common/host_aliases", f"{socket.gethostname()} localhost\n")
     name, addr = config.SGE_SECOND_HOST, config.SGE_SECOND_ADDR
     etc_hosts = Path("/etc/hosts")
-    if not any(line.split()[:1] == [addr] and name in line.split()[1:] for line in etc_hosts.read_text().splitlines()):
+    text = etc_hosts.read_text()
+    if not any(line.split()[:1] == [addr] and name in line.split()[1:] for line in text.splitlines()):
         with etc_hosts.open("a") as f:
-            f.write(f"{addr} {name}\n")
+            f.write(("" if text.endswith("\n") or not text else "\n") + f"{addr} {name}\n")
     (state / "sge").mkdir(parents=True, exist_ok=True)
     (state / "sge").chmod(0o755)
     rebuilt = build_shim(state / "sge/hostaddr.so")

@@ -8,8 +8,9 @@
  *     Engine has one execd port for every host) at two addresses;
  *   - binds their outgoing TCP connections to that address: Grid Engine checks that the host name a program says
  *     it runs on is the name of the address it connects from.
- * The jobs' own programs run without it (glibc drops LD_PRELOAD when the shepherd becomes the job's user): they
- * are this machine, under its own name and address, as Grid Engine's clients they start (qstat, qrsh) say.
+ * The jobs' own programs run without it (the shepherd gives a job an environment without LD_PRELOAD): they are
+ * this machine, under its own name and address, as Grid Engine's clients they start (qstat, qrsh) say.
+ * IPv4 only: Grid Engine 8.1.9's communication library binds and connects IPv4 sockets.
  * The first host's execd is preloaded with its address alone, so that it does not take the port on every address.
  * (Measured in ../shared/notes/gridengine.md: two execds on one machine need separate host identities.) */
 #define _GNU_SOURCE
@@ -18,6 +19,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -27,8 +29,39 @@
 static struct in_addr host_addr;
 static int have_addr;
 static const char *host_name;
-static int (*real_bind)(int, const struct sockaddr *, socklen_t);
-static int (*real_connect)(int, const struct sockaddr *, socklen_t);
+
+typedef int (*sock_call)(int, const struct sockaddr *, socklen_t);
+
+/* The C library's own bind/connect, looked up when first needed (a constructor of another library may call them
+ * before this one's has run). */
+static sock_call next_call(sock_call *cached, const char *name)
+{
+    if (!*cached)
+        *cached = (sock_call)dlsym(RTLD_NEXT, name);
+    return *cached;
+}
+
+static int real_bind(int fd, const struct sockaddr *sa, socklen_t len)
+{
+    static sock_call call;
+    sock_call f = next_call(&call, "bind");
+    if (!f) {
+        errno = ENOSYS;
+        return -1;
+    }
+    return f(fd, sa, len);
+}
+
+static int real_connect(int fd, const struct sockaddr *sa, socklen_t len)
+{
+    static sock_call call;
+    sock_call f = next_call(&call, "connect");
+    if (!f) {
+        errno = ENOSYS;
+        return -1;
+    }
+    return f(fd, sa, len);
+}
 
 __attribute__((constructor)) static void init(void)
 {
@@ -36,8 +69,6 @@ __attribute__((constructor)) static void init(void)
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     const char *addr = getenv("HPCDL_SGE_HOST_ADDR"), *name = getenv("HPCDL_SGE_HOST_NAME");
-    real_bind = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "bind");
-    real_connect = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "connect");
     if (n <= 0)
         return;
     exe[n] = '\0';
@@ -103,7 +134,8 @@ int connect(int fd, const struct sockaddr *sa, socklen_t len)
             memset(&from, 0, sizeof from);
             from.sin_family = AF_INET;
             from.sin_addr = host_addr;
-            real_bind(fd, (const struct sockaddr *)&from, sizeof from);
+            if (real_bind(fd, (const struct sockaddr *)&from, sizeof from) != 0) /* the qmaster will not know us */
+                fprintf(stderr, "sge-hostaddr: binding a connection to this host's address: %s\n", strerror(errno));
         }
     }
     return real_connect(fd, sa, len);
