@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from jupyter_hpcdl.job.owner import AllocationOwner, handle
-from jupyter_hpcdl.training.batchrun import ENDED, BatchRun, runs
+from jupyter_hpcdl.training.batchrun import ENDED, BatchRun, runs, state_from_exit
 from jupyter_hpcdl.job.newjob import NewAllocation, batch_run_script
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.batchsystems.slurm import Slurm
@@ -88,6 +88,14 @@ def test_the_time_limit_and_a_cancel_end_every_rank(tmp_path):
     assert json.loads((tmp_path / "c.json").read_text())["why"] == "stopped by SIGTERM"
     _, alive = psutil.wait_procs(ranks, timeout=10)
     assert not alive
+
+
+def test_a_rank_ended_by_the_launcher_is_a_failure_and_only_a_stopped_launcher_is_cancelled():
+    # srun ends the other ranks with SIGTERM when one fails: its code is then 143, and the run FAILED
+    assert state_from_exit(143, "srun exited with 143") == "FAILED"
+    assert state_from_exit(143, "stopped by SIGTERM") == "CANCELLED"
+    assert state_from_exit(130, "stopped by SIGINT") == "CANCELLED"
+    assert [state_from_exit(c, "") for c in (0, 124, 3, None)] == ["COMPLETED", "TIMEOUT", "FAILED", "FAILED"]
 
 
 def test_the_launcher_says_what_to_fix():

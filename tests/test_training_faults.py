@@ -147,12 +147,14 @@ def test_stop_and_calls_end_even_when_a_rank_hangs():
         s.stop_training()
         thread.join(120)
         took = time.monotonic() - t0
-        # the documented deadline: stop_grace, stretched by slow steps to 2 x stop_check_every (20) step times (a
-        # loaded CI machine once had a 1 s step here: 40 s of grace, as designed); then 10 s to end the world
-        step = max(s.metrics_table.latest_step_times().values(), default=0.0)
-        assert not thread.is_alive() and took < max(5, 2 * 20 * step) + 10, (took, step)
+        assert not thread.is_alive(), "fit still waits on a rank that does not stop"
         message = str(box.get("error"))
-        assert "Stop made no progress for" in message and "(stop_grace" in message and "rank(s) 0" in message, message
+        assert "Stop made no progress for" in message and "rank(s) 0" in message, message
+        # the documented deadline: stop_grace, stretched by slow steps to 2 x stop_check_every (20) step times as
+        # measured while it ran (a loaded CI machine once had a 1 s step here: 40 s of grace, as designed), which the
+        # message names; then 10 s to end the world
+        grace = re.search(r"\(stop_grace, (\d+) s at this step time", message)
+        assert grace and 5 <= int(grace.group(1)) and took < int(grace.group(1)) + 1 + 10, (took, message)
         assert _gone(pids.values()) == []
         # a call to a hung rank ends too, naming it
         s.start()

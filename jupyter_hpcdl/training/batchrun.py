@@ -41,7 +41,8 @@ ALIASES = {"slurm": "batch"}
 QUERY_TIMEOUT_S = 30.0
 ROOT_ENV = "HPCDL_BATCH_ROOT"
 #: What the ranks' exit code says, in the words a scheduler would use (for a run whose scheduler has not said yet).
-EXIT_STATES = {0: "COMPLETED", 124: "TIMEOUT", 128 + signal.SIGTERM: "CANCELLED", 128 + signal.SIGINT: "CANCELLED"}
+EXIT_STATES = {0: "COMPLETED", 124: "TIMEOUT"}
+_STOP_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)
 _LOCAL_PROCS: dict[int, subprocess.Popen] = {}  # launchers this kernel started, so that they are reaped
 
 
@@ -91,6 +92,14 @@ class BatchResult:
         """The lines rank ``rank`` wrote (without their label)."""
         prefix = f"{rank}: "
         return "".join(line[len(prefix):] for line in self.output.splitlines(keepends=True) if line.startswith(prefix))
+
+
+def state_from_exit(code: int | None, why: str) -> str:
+    """The scheduler's word for how the ranks ended, from the launcher's status: CANCELLED only when the launcher
+    itself was stopped (a rank that srun ended with SIGTERM because another failed is part of a FAILED run)."""
+    if code in _STOP_CODES and why.startswith("stopped by"):
+        return "CANCELLED"
+    return EXIT_STATES.get(code, "FAILED")
 
 
 def _resolve(where: str) -> str:
@@ -225,7 +234,7 @@ class BatchRun:
         code = ended.get("exit_code") if ended else None
         if self.where == "local":
             if ended:
-                state = EXIT_STATES.get(code, "FAILED")
+                state = state_from_exit(code, ended.get("why", ""))
                 return BatchStatus(self.job_id, self.where, ENDED, state, ended.get("why", ""), code)
             if self._local_alive():
                 return BatchStatus(self.job_id, self.where, RUNNING, "RUNNING")
@@ -242,7 +251,8 @@ class BatchRun:
             return BatchStatus(self.job_id, self.where, UNKNOWN, "", f"could not ask the scheduler: {e}")
         phase = reply.get("phase", UNKNOWN)
         if ended and phase in (ENDED, UNKNOWN, RUNNING):  # the ranks are done, the job is ending
-            state = reply.get("state") if phase == ENDED and reply.get("state") else EXIT_STATES.get(code, "FAILED")
+            state = reply.get("state") if phase == ENDED and reply.get("state") else \
+                state_from_exit(code, ended.get("why", ""))
             return BatchStatus(self.job_id, self.where, ENDED, state, ended.get("why", ""), code)
         return BatchStatus(self.job_id, self.where, phase, reply.get("state", ""), reply.get("reason", ""),
                            None, reply.get("time_left_s"))
