@@ -151,10 +151,14 @@ def test_stop_and_calls_end_even_when_a_rank_hangs():
         message = str(box.get("error"))
         assert "Stop made no progress for" in message and "rank(s) 0" in message, message
         # the documented deadline: stop_grace, stretched by slow steps to 2 x stop_check_every (20) step times as
-        # measured while it ran (a loaded CI machine once had a 1 s step here: 40 s of grace, as designed), which the
-        # message names; then 10 s to end the world
-        grace = re.search(r"\(stop_grace, (\d+) s at this step time", message)
-        assert grace and 5 <= int(grace.group(1)) and took < int(grace.group(1)) + 1 + 10, (took, message)
+        # measured while it ran (on a loaded CI machine the first steps can take most of a second: some 30 s);
+        # the message names both. Then the world ends (its engines killed; ipyparallel gives each process of the
+        # controller and engines up to 5 s after SIGTERM)
+        said = re.search(r"made no progress for (\d+) s \(stop_grace, (\d+) s at this step time", message)
+        assert said, message
+        waited, grace = int(said.group(1)), int(said.group(2))
+        assert 5 <= grace and waited <= grace + 2, message
+        assert took - waited < 20, (took, message)
         assert _gone(pids.values()) == []
         # a call to a hung rank ends too, naming it
         s.start()
