@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -303,6 +304,17 @@ def signal_controller(sig: int) -> int:
         raise RuntimeError("slurmctld is not running")
     os.kill(pid, sig)
     return pid
+
+
+def wait_controller_saved(job_ids: list[str], timeout: float = 30) -> None:
+    """Wait until slurmctld has written its state since these running jobs started. It saves at most every 5 s: a
+    controller killed before that forgets its newest jobs on restart (a real one would too), and the slurmd then end
+    them as orphans. The fault tests kill a controller that knows its jobs."""
+    starts = sh("squeue", "-h", "-t", "R", "-j", ",".join(job_ids), "-o", "%S", timeout=30).stdout.split()
+    since = max((datetime.fromisoformat(s).timestamp() for s in starts), default=time.time()) + 1
+    saved = STATE / "slurm" / "ctld" / "job_state"
+    wait_for(lambda: saved.exists() and saved.stat().st_mtime >= since, timeout,
+             f"slurmctld's saved state ({saved}) with jobs {', '.join(job_ids)}")
 
 
 def job_processes(job_id: str) -> list[int]:

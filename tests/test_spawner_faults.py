@@ -144,6 +144,7 @@ def test_a_dead_controller_a_stop_meanwhile_and_a_hub_restart_leave_no_orphan(be
     hub.wait_ready("alice", name="two")
     two_job = server_jobs(hub, "alice")["two"]
     assert two_job
+    testbed.wait_controller_saved(list(server_jobs(hub, "alice").values()))
 
     testbed.signal_controller(signal.SIGKILL)
     restart_hub()
