@@ -90,7 +90,10 @@ def test_pbs_queue_pending_running_and_forged():
     held = jobs["1236.pbs01"]
     assert (held.phase, held.state, held.user) == (PENDING, "HELD", "mallory")
     assert Pbs().parse_queue(recorded("pbs/qstat_no_jobs.json")) == {}
-    assert Pbs().parse_queue("qstat: cannot connect to server pbs01 (errno=15010)\n") == {}
+    assert Pbs().parse_queue("") == {}
+    for unreadable in ("qstat: cannot connect to server pbs01 (errno=15010)\n", '["Jobs"]', '{"Jobs": '):
+        with pytest.raises(ValueError, match="not the JSON object"):  # no answer, never "no jobs"
+            Pbs().parse_queue(unreadable)
 
 
 def test_pbs_finished_job_and_forgotten_one():
@@ -172,7 +175,10 @@ def test_lsf_queue_states():
     assert (jobs["5003"].phase, jobs["5003"].batch_host) == (RUNNING, "gpu03")  # UNKWN: the host is unreachable
     assert (jobs["5000"].phase, jobs["5000"].exit_code) == (ENDED, "143")
     assert (jobs["5004"].phase, jobs["5004"].state) == (PENDING, "PSUSP")
-    assert Lsf().parse_queue("No job found\n") == {}
+    assert Lsf().parse_queue("No job found\n") == {} and Lsf().parse_queue("No unfinished job found\n") == {}
+    for unreadable in ("LSF is down. Please wait ...\n", '{"RECORDS": [', "[]"):
+        with pytest.raises(ValueError, match="not the JSON of -json"):  # no answer, never "no jobs"
+            Lsf().parse_queue(unreadable)
 
 
 def test_lsf_one_job_done_exit_and_not_found():

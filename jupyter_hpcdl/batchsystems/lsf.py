@@ -34,6 +34,7 @@ from .scheduler import ENDED, PENDING, RUNNING, Availability, JobInfo, Scheduler
 _PENDING = {"PEND", "PSUSP", "WAIT"}
 _RUNNING = {"RUN", "USUSP", "SSUSP", "PROV", "UNKWN"}
 _JOB_ID = re.compile(r"\d+")  # array elements ("12[3]") are never a server's
+_NO_JOBS = re.compile(r"No (unfinished |pending |running )?job found\.?")  # bjobs on an empty listing
 _FIELDS = "jobid stat user exec_host pend_reason exit_code"
 #: Host states in which a host takes no new job for a reason other than being busy (bhosts "Host Status").
 _NOT_UP = {"unavail", "unreach", "closed_Adm", "closed_Lock", "closed_LIM", "closed_EGO", "closed_RC", "closed_Wind"}
@@ -51,6 +52,17 @@ def _records(stdout: str) -> list[dict]:
         return []
     records = data.get("RECORDS") if isinstance(data, dict) else None
     return [r for r in records if isinstance(r, dict) and "ERROR" not in r] if isinstance(records, list) else []
+
+
+def _is_listing(stdout: str) -> bool:
+    """Whether ``stdout`` is a listing: bjobs' JSON object, or its word for an empty one ("No job found")."""
+    text = stdout.strip()
+    if not text or _NO_JOBS.fullmatch(text):
+        return True
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def _text(value: Any) -> str:
@@ -133,6 +145,8 @@ class Lsf(Scheduler):
         return ["bjobs", "-u", "all", "-a", "-o", _FIELDS, "-json"]
 
     def parse_queue(self, stdout: str) -> dict[str, JobInfo]:
+        if not _is_listing(stdout):  # an answer that does not read is no answer, never "no jobs"
+            raise ValueError(f"bjobs' listing is not the JSON of -json: {stdout.strip()[:200]!r}")
         return {info.job_id: info for info in map(_info, _records(stdout)) if info is not None}
 
     def job_argv(self, job_id: str) -> list[str]:

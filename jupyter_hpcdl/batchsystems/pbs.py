@@ -149,6 +149,8 @@ class Pbs(Scheduler):
         return ["qstat", "-f", "-F", "json"]
 
     def parse_queue(self, stdout: str) -> dict[str, JobInfo]:
+        if stdout.strip() and not _load(stdout):  # an answer that does not read is no answer, never "no jobs"
+            raise ValueError(f"qstat's listing is not the JSON object of -F json: {stdout.strip()[:200]!r}")
         return {job_id: _info(job_id, job) for job_id, job in _jobs(stdout).items() if _JOB_ID.fullmatch(job_id)}
 
     def job_argv(self, job_id: str) -> list[str]:
