@@ -1,5 +1,6 @@
 """``python -m jupyter_hpcdl.diagnose [--allreduce]``: what this process sees, as one JSON line — node, GPUs
-assigned, user, the image it runs in and, with ``--allreduce``, whether Horovod joins every rank (a sum over
+assigned, user, the image it runs in and in which container mode (``userns``: the fast path; ``P1``: proot; None
+outside a container) and, with ``--allreduce``, whether Horovod joins every rank (a sum over
 ranks of rank+1, which must equal size*(size+1)/2)."""
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def report(allreduce: bool = False) -> dict:
         "user": pwd.getpwuid(os.getuid()).pw_name,
         "uid": os.getuid(),
         "image": image,
+        "container_mode": os.environ.get("HPCDL_CONTAINER_MODE"),
         "python": sys.version.split()[0],
     }
     if allreduce:

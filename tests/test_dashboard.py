@@ -50,11 +50,11 @@ def test_gpus_per_node_from_gres(gres, gpus):
 
 def test_session_report_keeps_only_known_plain_fields():
     clean = session_report({"id": "k1", "session": "training", "ranks": [
-        {"rank": 0, "node": "node1" * 40, "gpu": "0", "state": "training", "straggler": True, "loss": 1,
-         "samples_per_s": float("nan"), "extra": "<script>"}]})
+        {"rank": 0, "node": "node1" * 40, "gpu": "0", "container": "userns", "state": "training", "straggler": True,
+         "loss": 1, "samples_per_s": float("nan"), "extra": "<script>"}]})
     assert clean == {"id": "k1", "session": "training", "ranks": [
-        {"rank": 0, "node": ("node1" * 40)[:64], "gpu": "0", "state": "training", "straggler": True, "loss": 1.0,
-         "samples_per_s": None}]}
+        {"rank": 0, "node": ("node1" * 40)[:64], "gpu": "0", "container": "userns", "state": "training",
+         "straggler": True, "loss": 1.0, "samples_per_s": None}]}
     json.dumps(clean, allow_nan=False)  # what the panel gets is strict JSON
     with pytest.raises(ValueError, match="session must be one of"):
         session_report({"session": "rm -rf", "ranks": []})
@@ -224,6 +224,28 @@ def test_owner_describes_every_session_beside_the_newest(fake_slurm):
                                                                                         ("a", "idle", 1)]
 
 
+def test_owner_says_how_this_nodes_containers_run_without_starting_one(fake_slurm, tmp_path):
+    """The panel's "Containers": the site's setting or the node's cached probe, read, never probed."""
+    from jupyter_hpcdl.containers.fastpath import Decision, cache_file, cache_key, write_cached
+
+    repo, site = tmp_path / "udocker", tmp_path / "site.json"
+
+    def described(fast_path: str):
+        site.write_text(json.dumps({"ContainerSite": {"udocker_dir": str(repo), "fast_path": fast_path}}))
+        return ask(AllocationOwner({**fake_slurm, "HPCDL_SITE_CONFIG": str(site)}), "GET", "/allocation", {})[1]
+
+    assert described("auto")["containers"] is None, "no start has probed this node: nothing to say yet"
+    assert not repo.exists(), "describing the allocation started or wrote nothing"
+    write_cached(cache_file(str(repo)), Decision("userns", "user namespaces work here (probe 0.05 s)", cache_key()))
+    assert described("auto")["containers"] == {"mode": "userns", "reason": "user namespaces work here (probe 0.05 s)"}
+    assert described("off")["containers"] == {"mode": "P1", "reason": "the site turned the fast path off"}
+    write_cached(cache_file(str(repo)), Decision("userns", "probed under another kernel", "old-key"))
+    assert described("auto")["containers"] is None, "an answer for another kernel or launcher is not this node's"
+    site.write_text("{not json")
+    body = ask(AllocationOwner({**fake_slurm, "HPCDL_SITE_CONFIG": str(site)}), "GET", "/allocation", {})[1]
+    assert body["in_job"] is True and body["containers"] is None, "a broken site file does not break the panel"
+
+
 @pytest.mark.timeout(60)
 def test_a_slow_sbatch_does_not_block_the_lab(fake_slurm, tmp_path):
     owner = AllocationOwner({**fake_slurm, "FAKE_SBATCH_SECONDS": "5"})
@@ -327,15 +349,18 @@ def test_rank_series_and_progress():
     assert batches_per_epoch(899, 32) == 29 and batches_per_epoch(0, 32) == 1
 
 
-def test_rank_table_marks_stragglers_dead_ranks_and_escapes():
-    world = [{"rank": 1, "node": "node2", "cuda_visible_devices": "0", "gpus": 1},
-             {"rank": 0, "node": "<b>n</b>", "cuda_visible_devices": None, "gpus": 0}]
+def test_rank_table_marks_stragglers_dead_ranks_modes_and_escapes():
+    world = [{"rank": 1, "node": "node2", "cuda_visible_devices": "0", "gpus": 1, "container_mode": "userns"},
+             {"rank": 0, "node": "<b>n</b>", "cuda_visible_devices": None, "gpus": 0, "container_mode": "P1"},
+             {"rank": 2, "node": "laptop", "cuda_visible_devices": None, "gpus": 0, "container_mode": None}]
     rows = rank_rows(world, {1: {"loss": 0.5, "samples_per_s": 10.0, "epoch": 1}}, stragglers=[1], dead=[0])
-    assert [(r["rank"], r["state"], r["straggler"], r["gpu"]) for r in rows] == [(0, "dead", False, None),
-                                                                                (1, "idle", True, "0")]
+    assert [(r["rank"], r["state"], r["straggler"], r["gpu"], r["container"]) for r in rows] == [
+        (0, "dead", False, None, "P1"), (1, "idle", True, "0", "userns"), (2, "idle", False, None, None)]
     page = rank_table_html(rows)
     assert '<tr data-rank="1" class="hpcdl-straggler">' in page and "&lt;b&gt;n&lt;/b&gt;" in page
     assert "<b>" not in page
+    assert "<th>container</th>" in page and "<td>userns</td>" in page and "<td>P1</td>" in page
+    assert 'colspan="8"' in rank_table_html([]), "the empty table's row spans every column"
 
 
 @pytest.mark.parametrize("text, error", [("", "give the rank counts"), ("1, x", "'x' is not a rank count"),

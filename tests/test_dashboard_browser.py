@@ -125,6 +125,10 @@ def test_in_alices_job_the_panel_shows_the_allocation_and_the_ranks(bed, alice, 
                                timeout=30_000)
         assert page.get_attribute(newest, "data-session-id"), "each block names its session"
         assert {ranks.nth(i).inner_text().split()[1] for i in range(2)} == {"node1", "node2"}
+        assert {ranks.nth(i).locator("td").nth(3).inner_text() for i in range(2)} == {"userns"}, \
+            "each rank's container mode: the bed's nodes run the fast path"
+        page.locator(".jp-hpcdl-containers", has_text="fast path (user namespaces)").wait_for(timeout=30_000)
+        assert "user namespaces work here" in page.get_attribute(".jp-hpcdl-containers", "title")
         page.screenshot(path=str(SHOTS / "12-panel-in-job.png"))
         page.locator(".hpcdl-dashboard .hpcdl-status", has_text="done: 30 epochs").wait_for(timeout=300_000)
         page.locator(".hpcdl-dashboard button", has_text="Close").click()

@@ -125,20 +125,25 @@ def probe(root: str, env: Mapping[str, str]) -> tuple[bool, str]:
     return True, f"user namespaces work here (probe {time.monotonic() - t0:.2f} s)"
 
 
-def decide(choice: str, root: str, udocker_dir: str, env: Mapping[str, str], prober=probe) -> Decision:
-    """The mode for containers on this node, as the site's ``choice`` says: "off" → P1; "userns" → the fast path
-    (an error if it cannot run here); "auto" → the fast path where the cached or fresh probe says it works, else
-    P1."""
+def known(choice: str, udocker_dir: str) -> Decision | None:
+    """The mode for containers on this node as far as it is known without starting anything: P1 where the site
+    turned the fast path off, else the node's cached answer (None until a first start has probed it)."""
     if choice not in FAST_PATH_CHOICES:
         raise ModeNotSupported(f"fast_path must be one of {', '.join(FAST_PATH_CHOICES)}, not {choice!r}")
     if choice == "off":
         return Decision("P1", "the site turned the fast path off")
-    key, path = cache_key(), cache_file(udocker_dir)
-    decision = read_cached(path, key)
+    return read_cached(cache_file(udocker_dir), cache_key())
+
+
+def decide(choice: str, root: str, udocker_dir: str, env: Mapping[str, str], prober=probe) -> Decision:
+    """The mode for containers on this node, as the site's ``choice`` says: "off" → P1; "userns" → the fast path
+    (an error if it cannot run here); "auto" → the fast path where the cached or fresh probe says it works, else
+    P1."""
+    decision = known(choice, udocker_dir)
     if decision is None:
         ok, why = prober(root, env)
-        decision = Decision(FAST_MODE if ok else "P1", why, key, time.time())
-        write_cached(path, decision)
+        decision = Decision(FAST_MODE if ok else "P1", why, cache_key(), time.time())
+        write_cached(cache_file(udocker_dir), decision)
     if choice == FAST_MODE and decision.mode != FAST_MODE:
         raise ModeNotSupported(f"the site asks for the fast path, but it does not run on this node: "
                                f"{decision.reason}")

@@ -19,7 +19,7 @@ from typing import Iterator, Mapping
 from .errors import InvalidSpec, ModeNotSupported, ToolsMissing, UdockerFailed, UnknownImage
 from ..atomic import write_json
 from . import quickstart
-from .fastpath import Decision, cache_file, decide, launch, record_failure
+from .fastpath import Decision, cache_file, decide, known, launch, record_failure
 from .runner import ContainerProcess, private_env_file
 from .spec import (
     FAST_MODE,
@@ -258,6 +258,10 @@ class Udocker:
         node's probe (cached) says it works, else P1 (see :mod:`.fastpath`)."""
         return decide(self.policy.fast_path, os.path.join(self.container_dir(name), "ROOT"),
                       self.env()["UDOCKER_DIR"], self.environ)
+
+    def known_mode(self) -> Decision | None:
+        """The mode this node's containers run in, without starting one (None: no start has probed it yet)."""
+        return known(self.policy.fast_path, self.env()["UDOCKER_DIR"])
 
     def start(self, spec: RunSpec, **popen_kwargs) -> ContainerProcess:
         """Validate ``spec`` and start it, in the mode this node runs (:meth:`mode_for`); the values of

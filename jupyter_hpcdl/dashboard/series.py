@@ -52,16 +52,17 @@ def _cell(value) -> str:
 
 def rank_table_html(rows: Iterable[Mapping]) -> str:
     """The rank table as HTML (every value escaped); a straggler's row is marked."""
-    head = "".join(f"<th>{h}</th>" for h in ("rank", "node", "GPU", "state", "straggler", "loss", "samples/s"))
+    names = ("rank", "node", "GPU", "container", "state", "straggler", "loss", "samples/s")
+    head = "".join(f"<th>{h}</th>" for h in names)
     body = []
     for r in rows:
         mark = ' class="hpcdl-straggler"' if r.get("straggler") else ""
-        cells = [r["rank"], r.get("node"), r.get("gpu"), r.get("state"), "yes" if r.get("straggler") else "",
-                 r.get("loss"), r.get("samples_per_s")]
+        cells = [r["rank"], r.get("node"), r.get("gpu"), r.get("container"), r.get("state"),
+                 "yes" if r.get("straggler") else "", r.get("loss"), r.get("samples_per_s")]
         body.append(f'<tr data-rank="{int(r["rank"])}"{mark}>' + "".join(f"<td>{_cell(c)}</td>" for c in cells)
                     + "</tr>")
     if not body:
-        body.append('<tr><td colspan="7">no ranks yet: press Train</td></tr>')
+        body.append(f'<tr><td colspan="{len(names)}">no ranks yet: press Train</td></tr>')
     return f'<table class="hpcdl-rank-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 

@@ -83,8 +83,8 @@ SESSION_STATES = ("none", "starting", "idle", "training", "stopped", "failed", "
 SESSION_KEEP_S = 3600.0
 #: ... and at most this many sessions are kept: beyond it, the least recently reported one is forgotten.
 MAX_SESSIONS = 32
-RANK_FIELDS = {"rank": int, "node": str, "gpu": str, "state": str, "straggler": bool, "loss": float,
-               "samples_per_s": float}
+RANK_FIELDS = {"rank": int, "node": str, "gpu": str, "container": str, "state": str, "straggler": bool,
+               "loss": float, "samples_per_s": float}
 
 
 def _hung(argv: Sequence[str], timeout: float) -> TimeoutError:
@@ -199,6 +199,19 @@ def session_report(body: dict) -> dict:
     return {"id": session_id, "session": state, "ranks": clean, **({"message": message[:500]} if message else {})}
 
 
+def container_mode(environ: Mapping[str, str]) -> dict | None:
+    """How containers run on this node (the kernels', the engines' here): the mode and why, as the site's settings
+    and the node's cached probe say, without starting one. None until a first start has probed the node, or where
+    the site's settings cannot be read (the kernels' own start says why)."""
+    from ..containers.site import SITE_CONFIG_ENV, load_site  # traitlets: only where asked
+
+    try:
+        decision = load_site(environ.get(SITE_CONFIG_ENV)).client(dict(environ)).known_mode()
+    except Exception:  # noqa: BLE001 (a broken site file is the container start's error to report, not the panel's)
+        return None
+    return {"mode": decision.mode, "reason": decision.reason} if decision else None
+
+
 def _start_step(argv: list[str], log_path: str, env: Mapping[str, str]) -> subprocess.Popen:
     """Start an engine step in a process group of its own, its output appended to ``log_path``; this does not wait
     for it (a fork and an exec), so the event loop may call it."""
@@ -260,6 +273,7 @@ class AllocationOwner:
                 "host_python": sys.executable, "gpus_per_node": gpus,
                 "time_left": found.time_left if found else "", "time_left_s": found.time_left_s if found else None,
                 "cuda_visible_devices": self.environ.get("CUDA_VISIBLE_DEVICES"),
+                "containers": container_mode(self.environ),
                 "engine_steps": [{"pid": p.pid, "running": p.poll() is None} for p in self._steps],
                 **self.current_session(now), "all_sessions": self.all_sessions(now)}
 

@@ -84,8 +84,8 @@ class MetricsTable:
 
 def rank_rows(world: Iterable[Mapping], latest: Mapping[int, Mapping], stragglers: Iterable[int] = (),
               dead: Iterable[int] = (), state: str = "idle") -> list[dict]:
-    """One row per rank for a rank table (the dashboard's, the JupyterLab panel's): where it runs, its GPU, its
-    state, whether it straggles, and its latest loss and throughput."""
+    """One row per rank for a rank table (the dashboard's, the JupyterLab panel's): where it runs, its GPU, the
+    container mode it runs in, its state, whether it straggles, and its latest loss and throughput."""
     stragglers, dead = set(stragglers), set(dead)
     rows = []
     for w in sorted(world, key=lambda w: w["rank"]):
@@ -93,6 +93,7 @@ def rank_rows(world: Iterable[Mapping], latest: Mapping[int, Mapping], straggler
         last = latest.get(r, {})
         gpu = w.get("cuda_visible_devices") if w.get("gpus") or w.get("cuda_visible_devices") else None
         rows.append({"rank": r, "node": w.get("node") or w.get("host"), "gpu": gpu,
+                     "container": w.get("container_mode"),
                      "state": "dead" if r in dead else state, "straggler": r in stragglers,
                      "loss": last.get("loss"), "samples_per_s": last.get("samples_per_s"),
                      "epoch": last.get("epoch")})

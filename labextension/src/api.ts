@@ -20,6 +20,8 @@ export interface IRank {
   rank: number;
   node: string;
   gpu: string | null;
+  /** The container mode it runs in ("userns": the fast path; "P1": proot), or null outside a container. */
+  container: string | null;
   state: string;
   straggler: boolean;
   loss: number | null;
@@ -33,6 +35,14 @@ export interface ISession {
   ranks: IRank[];
   /** What the session said last (e.g. where it checkpointed before the walltime), or null. */
   message: string | null;
+}
+
+/** How containers run on the job's first node (its kernels'), as the node's probe decided. */
+export interface IContainerMode {
+  /** "userns": the fast path (user namespaces, no ptrace); "P1": udocker's proot. */
+  mode: string;
+  /** Why this mode (the probe's answer, or the site's setting). */
+  reason: string;
 }
 
 /** The server's answer outside a batch job. */
@@ -49,6 +59,8 @@ export interface IInJob {
   nodes: string[];
   gpus_per_node: number | null;
   gres: string | null;
+  /** The containers' mode on this node, or null before a first container start probed it. */
+  containers: IContainerMode | null;
   /** Scheduler's own text, e.g. "3:58:12" or "UNLIMITED". */
   time_left: string | null;
   /** Seconds left, or null when unknown or unlimited. */
@@ -124,6 +136,7 @@ export async function fetchAllocation(
     nodes: Array.isArray(body.nodes) ? body.nodes.map(String) : [],
     gpus_per_node: optNumber(body.gpus_per_node),
     gres: optString(body.gres),
+    containers: toContainerMode(body.containers),
     time_left: optString(body.time_left),
     time_left_s: optNumber(body.time_left_s),
     ranks,
@@ -153,11 +166,19 @@ function toRank(raw: unknown): IRank {
     rank: Number(r.rank ?? -1),
     node: String(r.node ?? ''),
     gpu: optString(r.gpu),
+    container: optString(r.container),
     state: String(r.state ?? ''),
     straggler: r.straggler === true,
     loss: optNumber(r.loss),
     samples_per_s: optNumber(r.samples_per_s)
   };
+}
+
+function toContainerMode(raw: unknown): IContainerMode | null {
+  if (!isObject(raw) || typeof raw.mode !== 'string') {
+    return null;
+  }
+  return { mode: raw.mode, reason: String(raw.reason ?? '') };
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {

@@ -3,7 +3,7 @@
  */
 import { Widget } from '@lumino/widgets';
 
-import { IInJob, IRank, ISession } from './api';
+import { IContainerMode, IInJob, IRank, ISession } from './api';
 import { AllocationModel, timeLeftText } from './model';
 
 /** Below this many seconds the walltime left is shown as a warning. */
@@ -78,6 +78,12 @@ export class AllocationPanel extends Widget {
     fact('Partition', 'jp-hpcdl-partition', job.partition ?? '–');
     fact('Nodes', 'jp-hpcdl-nodes', job.nodes.join(', ') || '–');
     fact('GPUs', 'jp-hpcdl-gpus', gpusText(job), job.gres ? `gres ${job.gres}` : '');
+    fact(
+      'Containers',
+      'jp-hpcdl-containers',
+      containersText(job.containers),
+      job.containers?.reason ?? ''
+    );
     this._timeLeft = fact('Time left', 'jp-hpcdl-time-left', '');
     this._body.append(list);
     if (job.sessions.length === 0) {
@@ -127,6 +133,7 @@ export class AllocationPanel extends Widget {
       ['#', 'Rank'],
       ['Node', 'Node'],
       ['GPU', 'GPU'],
+      ['Ctr', 'Container mode'],
       ['State', 'State'],
       ['⚠', 'Straggler'],
       ['Loss', 'Loss'],
@@ -141,7 +148,7 @@ export class AllocationPanel extends Widget {
     const body = table.createTBody();
     if (ranks.length === 0) {
       const cell = body.insertRow().insertCell();
-      cell.colSpan = 7;
+      cell.colSpan = columns.length;
       cell.className = 'jp-hpcdl-no-ranks';
       cell.textContent = 'No ranks running.';
     }
@@ -154,6 +161,7 @@ export class AllocationPanel extends Widget {
         String(r.rank),
         r.node,
         r.gpu ?? '–',
+        r.container ?? '–',
         r.state,
         r.straggler ? '⚠' : '',
         r.loss === null ? '–' : String(Number(r.loss.toPrecision(3))),
@@ -198,6 +206,17 @@ export function gpusText(job: IInJob): string {
     return 'none';
   }
   return `${per} × ${n} = ${per * n}`;
+}
+
+/** "fast path (user namespaces)", "P1 (proot)", or "not started yet" before a first container start. */
+export function containersText(containers: IContainerMode | null): string {
+  if (!containers) {
+    return 'not started yet';
+  }
+  if (containers.mode === 'userns') {
+    return 'fast path (user namespaces)';
+  }
+  return containers.mode.startsWith('P') ? `${containers.mode} (proot)` : containers.mode;
 }
 
 /** A label and its value in a list of facts; returns the value's element. */
