@@ -80,13 +80,13 @@ def _engine_pids(session) -> dict[int, int]:
     return {int(w["rank"]): int(w["pid"]) for w in session.world}
 
 
-def _fit_in_thread(session, epochs: int = 500):
+def _fit_in_thread(session, epochs: int = 500, **fit_options):
     box: dict = {}
 
     def run():
         t0 = time.monotonic()
         try:
-            box["result"] = session.fit(epochs=epochs)
+            box["result"] = session.fit(epochs=epochs, **fit_options)
         except Exception as e:  # noqa: BLE001 - the test looks at it
             box["error"] = e
         box["seconds"] = time.monotonic() - t0
@@ -140,7 +140,9 @@ def test_stop_and_calls_end_even_when_a_rank_hangs():
     with TrainingSession(ranks=2, stop_grace=5, call_timeout=5) as s:
         s.setup(digits_model, digits_shard, loss=digits_loss, lr=0.05, batch_size=16)
         pids = _engine_pids(s)
-        thread, box = _fit_in_thread(s)
+        # the ranks look for a Stop every 4 batches: the grace stretched by slow steps (2 x 4 step times) stays well
+        # under the controller's heartbeat timeout (about 30 s), so it is Stop's deadline that ends this world
+        thread, box = _fit_in_thread(s, stop_check_every=4)
         _wait_for_batches(s)
         os.kill(pids[0], signal.SIGSTOP)
         t0 = time.monotonic()
@@ -150,8 +152,8 @@ def test_stop_and_calls_end_even_when_a_rank_hangs():
         assert not thread.is_alive(), "fit still waits on a rank that does not stop"
         message = str(box.get("error"))
         assert "Stop made no progress for" in message and "rank(s) 0" in message, message
-        # the documented deadline: stop_grace, stretched by slow steps to 2 x stop_check_every (20) step times as
-        # measured while it ran (on a loaded CI machine the first steps can take most of a second: some 30 s);
+        # the documented deadline: stop_grace, stretched by slow steps to 2 x stop_check_every step times as
+        # measured while it ran (on a loaded CI machine the first steps can take most of a second);
         # the message names both. Then the world ends (its engines killed; ipyparallel gives each process of the
         # controller and engines up to 5 s after SIGTERM)
         said = re.search(r"made no progress for (\d+) s \(stop_grace, (\d+) s at this step time", message)
