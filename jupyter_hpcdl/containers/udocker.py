@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import getpass
-import glob
 import hashlib
 import json
 import os
@@ -19,6 +18,7 @@ from typing import Iterator, Mapping
 from .errors import InvalidSpec, ModeNotSupported, ToolsMissing, UdockerFailed, UnknownImage
 from ..atomic import write_json
 from . import quickstart
+from .nvidia import OPTIONAL_FILE_ERROR, container_has_driver, host_has_nvidia, repair_driver_links
 from .fastpath import Decision, cache_file, decide, known, launch, record_failure
 from .runner import ContainerProcess, private_env_file
 from .spec import (
@@ -43,13 +43,6 @@ from .spec import (
 )
 
 MODE_ENV = "HPCDL_CONTAINER_MODE"  # inside every container: the mode it runs in
-NVIDIA_LIBRARY_GLOBS = ("/usr/lib/x86_64-linux-gnu/libcuda.so*", "/usr/lib64/libcuda.so*", "/usr/lib/libcuda.so*",
-                        "/usr/local/nvidia/lib64/libcuda.so*")
-
-
-def host_has_nvidia(globs=NVIDIA_LIBRARY_GLOBS) -> bool:
-    """Whether this node has the NVIDIA driver's user-space libraries that ``udocker setup --nvidia`` copies."""
-    return any(glob.glob(g) for g in globs)
 
 
 class Udocker:
@@ -77,7 +70,8 @@ class Udocker:
             check_tools(self.install.tools_dir)
         check_mode(self.install.default_mode, self.policy)
 
-    def _run(self, argv: list[str], timeout: float | None = None) -> str:
+    def _run(self, argv: list[str], timeout: float | None = None, tolerated: tuple[str, ...] = ()) -> str:
+        """Run udocker; its "Error:" lines fail the call, but for those starting with one of ``tolerated``."""
         self.check_available()
         try:
             done = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=timeout or self.timeout)
@@ -85,7 +79,7 @@ class Udocker:
             raise UdockerFailed(f"'udocker {argv[len(udocker_base(self.install))]}' did not finish in {e.timeout:.0f} s") from e
         out = done.stdout + done.stderr
         # udocker exits 0 on some failures (e.g. a truncated layer at create): its "Error:" lines count too.
-        errors = [line for line in out.splitlines() if line.startswith("Error")]
+        errors = [line for line in out.splitlines() if line.startswith("Error") and not line.startswith(tolerated)]
         if done.returncode != 0 or errors:
             cmd = " ".join(argv[len(udocker_base(self.install)):][:2])
             tail = "\n".join((errors or out.strip().splitlines())[-5:])
@@ -186,7 +180,7 @@ class Udocker:
             if name not in self.containers():
                 try:
                     self._run(build_create_command(image, name, self.install))
-                    self._run(build_setup_command(name, self.install, mode=mode, nvidia=nvidia))
+                    self._setup(name, mode, nvidia)
                 except UdockerFailed:
                     self._remove_quietly(name)
                     raise
@@ -236,7 +230,22 @@ class Udocker:
 
     def setup_nvidia(self, name: str) -> None:
         """Copy this node's NVIDIA driver libraries into the container (again after a driver update)."""
-        self._run(build_setup_command(name, self.install, mode=self.install.default_mode, nvidia=True))
+        self._setup(name, self.install.default_mode, nvidia=True)
+
+    def _setup(self, name: str, mode: str | None, nvidia: bool) -> None:
+        """``udocker setup``. With ``--nvidia`` udocker prints an "Error:" line for each optional file this node
+        lacks (a Vulkan or OpenCL ICD, which few GPU nodes have) and exits 0 either way: the outcome that matters is
+        checked instead: the driver's ``libcuda.so.1`` in the container, its links made whole (see :mod:`.nvidia`)."""
+        self._run(build_setup_command(name, self.install, mode=mode, nvidia=nvidia),
+                  tolerated=(OPTIONAL_FILE_ERROR,) if nvidia else ())
+        if not nvidia:
+            return
+        root = os.path.join(self.container_dir(name), "ROOT")
+        repair_driver_links(root)
+        if not container_has_driver(root):
+            raise UdockerFailed(f"'udocker setup --nvidia' gave container {name!r} no usable libcuda.so.1: udocker "
+                                "finds the driver's libraries through ldconfig and LD_LIBRARY_PATH; make sure one of "
+                                "them has the directory of this node's libcuda.so.1")
 
     def _remove_quietly(self, name: str) -> None:
         try:

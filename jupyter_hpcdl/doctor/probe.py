@@ -13,9 +13,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from jupyter_hpcdl.containers.errors import ContainerError
+from jupyter_hpcdl.containers.nvidia import host_has_nvidia
 from jupyter_hpcdl.containers.site import load_site
 from jupyter_hpcdl.containers.spec import RunSpec, udocker_base
-from jupyter_hpcdl.containers.udocker import Udocker, host_has_nvidia
+from jupyter_hpcdl.containers.udocker import Udocker
 from jupyter_hpcdl.atomic import atomic_write
 
 from .facts import ImageFacts, NodeFacts, ProbeRequest, request_from_json
