@@ -245,18 +245,3 @@ def test_where_user_namespaces_are_refused_p1_runs_and_a_failure_midway_falls_ba
     os.unlink(cache_file(str(repo)))
     forced = _in_a_chroot(bed, tmp_path, repo, name, "userns")
     assert "the site asks for the fast path, but it does not run on this node" in forced.get("error", ""), forced
-
-
-@pytest.mark.gpu
-def test_the_gpu_and_its_driver_libraries_inside_in_each_mode(ud, container):
-    """udocker setup --nvidia copies the node's driver libraries into the container; /dev/nvidia* is bound in both
-    modes, so nvidia-smi and CUDA see the GPU (run where a GPU machine is lent)."""
-    from jupyter_hpcdl.containers.udocker import host_has_nvidia
-
-    if not (os.path.exists("/dev/nvidiactl") and host_has_nvidia()):
-        pytest.skip("no NVIDIA GPU and driver on this node")
-    ud.setup_nvidia(container)
-    r = ud.run(RunSpec(container, ["sh", "-c", 'echo "$HPCDL_CONTAINER_MODE"; nvidia-smi -L'],
-                       env_names=["CUDA_VISIBLE_DEVICES"]), timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == MODES[ud.policy.fast_path] and "GPU 0" in r.stdout
