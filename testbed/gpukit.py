@@ -44,9 +44,11 @@ def build_probe(out_dir: str | os.PathLike) -> str:
     if not nvcc:
         raise NoKit("nvcc not found: build benchmarks/gpu/probe.cu on a machine with CUDA and set HPCDL_GPU_PROBE")
     out = os.path.join(out_dir, "gpu_probe")
-    subprocess.run([nvcc, "-O2", "-cudart", "static", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
-                    "-gencode", "arch=compute_80,code=sm_80", "-o", out, str(PROBE_SOURCE)],
-                   check=True, capture_output=True, timeout=300)
+    built = subprocess.run([nvcc, "-O2", "-cudart", "static", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
+                            "-gencode", "arch=compute_80,code=sm_80", "-o", out, str(PROBE_SOURCE)],
+                           capture_output=True, text=True, timeout=300)
+    if built.returncode:
+        raise NoKit(f"nvcc could not build {PROBE_SOURCE} ({built.returncode}):\n{built.stderr[-2000:]}")
     return out
 
 

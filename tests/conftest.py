@@ -19,9 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))  # the 
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need an NVIDIA GPU and are skipped without one. Tests marked ``testbed`` need the bed:
-    without it they are skipped, or fail where HPCDL_REQUIRE_TESTBED=1 (CI)."""
-    if not Path("/dev/nvidia0").exists():
+    """Tests marked ``gpu`` need an NVIDIA GPU: skipped without one, or failed where HPCDL_REQUIRE_GPU=1 (a GPU
+    check). Tests marked ``testbed`` need the bed: without it they are skipped, or fail where
+    HPCDL_REQUIRE_TESTBED=1 (CI)."""
+    if not Path("/dev/nvidia0").exists() and os.environ.get("HPCDL_REQUIRE_GPU") != "1":
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (/dev/nvidia0)"))
@@ -40,7 +41,10 @@ def bed_is_up() -> bool:
 
 
 def pytest_runtest_setup(item):
-    """With HPCDL_REQUIRE_TESTBED=1 (the README's test command, CI) a test that needs the bed fails without it."""
+    """With HPCDL_REQUIRE_TESTBED=1 (the README's test command, CI) a test that needs the bed fails without it; with
+    HPCDL_REQUIRE_GPU=1 a test that needs a GPU fails without one."""
+    if "gpu" in item.keywords and os.environ.get("HPCDL_REQUIRE_GPU") == "1" and not Path("/dev/nvidia0").exists():
+        pytest.fail("HPCDL_REQUIRE_GPU=1 but this machine has no NVIDIA GPU (/dev/nvidia0)", pytrace=False)
     if "testbed" in item.keywords and not bed_is_up() and os.environ.get("HPCDL_REQUIRE_TESTBED") == "1":
         pytest.fail(f"HPCDL_REQUIRE_TESTBED=1 but {NO_BED}", pytrace=False)
 

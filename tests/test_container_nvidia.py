@@ -3,7 +3,7 @@ driver lives in its own directory, with absolute links to it elsewhere, as the G
 (``/usr/local/nvidia/lib64`` and links in ``/usr/lib``)."""
 import os
 
-from jupyter_hpcdl.containers.nvidia import container_has_driver, repair_driver_links, resolve_in_root
+from jupyter_hpcdl.containers.nvidia import container_has_driver, host_has_nvidia, repair_driver_links, resolve_in_root
 
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 
@@ -49,3 +49,34 @@ def test_a_container_without_the_driver_or_with_links_climbing_out_has_none(tmp_
     os.unlink(root / LIBDIR / "libcuda.so.1")
     os.symlink("libcuda.so.1", root / LIBDIR / "libcuda.so.1")  # a loop
     assert resolve_in_root(str(root), f"/{LIBDIR}/libcuda.so.1") is None
+
+
+def test_links_never_lead_out_of_the_root_and_the_repair_writes_only_inside(tmp_path):
+    root = tmp_path / "root"
+    (root / LIBDIR).mkdir(parents=True)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "libcuda.so.1").write_bytes(b"host")
+    os.symlink(f"/../../{secret.name}/libcuda.so.1", root / LIBDIR / "libcuda.so.1")  # '..' stops at the root
+    assert resolve_in_root(str(root), f"/{LIBDIR}/libcuda.so.1") is None
+    os.symlink(str(secret), root / "usr" / "esc")  # a directory link is followed inside the root, not on the host
+    assert resolve_in_root(str(root), "/usr/esc/libcuda.so.1") is None
+    os.symlink("/etc/passwd", root / LIBDIR / "libfoo.so")  # not a driver library: never copied in
+    os.symlink("/etc/passwd", root / LIBDIR / "libnvidia-x.so.1")  # a driver name, but the node's file is not one
+    assert repair_driver_links(str(root)) == []
+    assert not (root / LIBDIR / "passwd").exists()
+
+    outside = tmp_path / "hostlib"  # an image whose library directory is a link out of the container
+    outside.mkdir()
+    (outside / "libcuda.so.580.1").write_bytes(b"cuda")
+    os.symlink(str(outside / "libcuda.so.580.1"), outside / "libcuda.so.1")
+    other = tmp_path / "other"
+    (other / "usr" / "lib").mkdir(parents=True)
+    os.symlink(str(outside), other / LIBDIR)
+    assert repair_driver_links(str(other)) == [] and sorted(os.listdir(outside)) == ["libcuda.so.1", "libcuda.so.580.1"]
+
+
+def test_the_node_has_the_driver_where_ld_library_path_says(tmp_path):
+    (tmp_path / "libcuda.so.1").write_bytes(b"")
+    assert not host_has_nvidia(globs=(), environ={"LD_LIBRARY_PATH": "/nowhere"})
+    assert host_has_nvidia(globs=(), environ={"LD_LIBRARY_PATH": f"/nowhere:{tmp_path}"})

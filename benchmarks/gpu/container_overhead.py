@@ -20,11 +20,11 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testbed"))
-from gpukit import IMAGE, find_kit, client, last_json, probe_spec  # noqa: E402
+from gpukit import IMAGE, MODES, find_kit, client, last_json, probe_spec  # noqa: E402
 
 RATES = ("h2d_gb_s", "d2h_gb_s", "fma_tflop_s")  # higher is faster
 TIMES = ("launch_sync_us", "malloc_free_us")  # lower is faster
-SITE_FAST_PATH = {"userns": "userns", "P1": "off"}
+SITE_FAST_PATH = {mode: fast_path for fast_path, mode in MODES.items()}  # the mode -> the site setting that gives it
 
 
 def run_native(probe: str) -> dict:

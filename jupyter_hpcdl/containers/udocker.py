@@ -18,7 +18,7 @@ from typing import Iterator, Mapping
 from .errors import InvalidSpec, ModeNotSupported, ToolsMissing, UdockerFailed, UnknownImage
 from ..atomic import write_json
 from . import quickstart
-from .nvidia import OPTIONAL_FILE_ERROR, container_has_driver, host_has_nvidia, repair_driver_links
+from .nvidia import OPTIONAL_FILE_ERROR, container_has_driver, host_has_nvidia, repair_driver_links, where_libcuda_points
 from .fastpath import Decision, cache_file, decide, known, launch, record_failure
 from .runner import ContainerProcess, private_env_file
 from .spec import (
@@ -230,7 +230,8 @@ class Udocker:
 
     def setup_nvidia(self, name: str) -> None:
         """Copy this node's NVIDIA driver libraries into the container (again after a driver update)."""
-        self._setup(name, self.install.default_mode, nvidia=True)
+        with self._lock(name):
+            self._setup(name, self.install.default_mode, nvidia=True)
 
     def _setup(self, name: str, mode: str | None, nvidia: bool) -> None:
         """``udocker setup``. With ``--nvidia`` udocker prints an "Error:" line for each optional file this node
@@ -241,11 +242,15 @@ class Udocker:
         if not nvidia:
             return
         root = os.path.join(self.container_dir(name), "ROOT")
-        repair_driver_links(root)
+        try:
+            repair_driver_links(root)
+        except OSError as e:
+            raise UdockerFailed(f"could not complete the driver's libraries in container {name!r}: {e}") from e
         if not container_has_driver(root):
-            raise UdockerFailed(f"'udocker setup --nvidia' gave container {name!r} no usable libcuda.so.1: udocker "
-                                "finds the driver's libraries through ldconfig and LD_LIBRARY_PATH; make sure one of "
-                                "them has the directory of this node's libcuda.so.1")
+            raise UdockerFailed(f"'udocker setup --nvidia' gave container {name!r} no usable libcuda.so.1 "
+                                f"({where_libcuda_points(root)}): udocker finds the driver's libraries through "
+                                "ldconfig and LD_LIBRARY_PATH; make sure one of them has the directory of this node's "
+                                "libcuda.so.1")
 
     def _remove_quietly(self, name: str) -> None:
         try:
