@@ -3,6 +3,7 @@
 controller and its engines, says which engine is which rank and where, and stops what it started."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -111,6 +112,13 @@ class Placement:
         except Exception:  # a client whose controller is gone: nothing to ask
             pass
 
+    def _engines_connection_file(self, timeout: float) -> str:
+        """The controller's connection file for engines, once it is whole (engines elsewhere read it at start)."""
+        name = f"ipcontroller-{self.cluster.cluster_id}-engine.json"
+        path = os.path.join(self.cluster.profile_dir, "security", name)
+        wait_for_json_file(path, timeout, "the controller's connection file for engines")
+        return path
+
     def _addr(self) -> str:
         return self.options.controller_ip or socket.gethostbyname(socket.gethostname())
 
@@ -163,8 +171,7 @@ class AllocationPlacement(Placement):
         self.cluster = ipp.Cluster(n=0, controller_ip=addr, engines="local", log_level=40)
         self.cluster.start_controller_sync()
         on_controller()
-        connection = os.path.join(self.cluster.profile_dir, "security",
-                                  f"ipcontroller-{self.cluster.cluster_id}-engine.json")
+        connection = self._engines_connection_file(min(60.0, o.start_timeout))
         gpus = 1 if os.environ.get("CUDA_VISIBLE_DEVICES") else 0  # each rank sees only its own GPU
         request(sock, "POST", "/engines", {"ranks": o.ranks, "image": o.image, "connection_file": connection,
                                            "gpus_per_rank": gpus, "mpi": o.mpi})
@@ -186,6 +193,25 @@ class AllocationPlacement(Placement):
                     pass
         finally:
             super().stop()
+
+
+def wait_for_json_file(path: str, timeout: float, what: str) -> dict:
+    """Wait until ``path`` holds a whole JSON object. ipyparallel's controller writes its connection files in place
+    and its own wait ends when the file exists: an engine started at that moment can read it empty and exit (seen
+    on the bed: one rank of two never came, and the session waited out its start timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                found = json.load(f)
+            if isinstance(found, dict) and found:
+                return found
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} ({path}) was not written in {timeout:.0f} s: the controller did not start "
+                               "(its log is in the profile's log directory)")
+        time.sleep(0.05)
 
 
 #: ipyparallel's engine launcher for each batch system's adapter.
@@ -264,6 +290,7 @@ class NewAllocationPlacement(Placement):
         try:
             self.cluster.start_controller_sync()
             on_controller()  # before the submission: a kernel that dies in the queue wait leaves no job behind
+            self._engines_connection_file(60.0)
             self.cluster.start_engines_sync()
             self.client = self.cluster.connect_client_sync()
         except BaseException as e:
