@@ -56,6 +56,9 @@ JobCompLoc={state}/log/jobcomp.log
 JobAcctGatherType=jobacct_gather/none
 SchedulerType=sched/backfill
 MpiDefault=none
+# Slurm's job ids start where Grid Engine's do not reach on the bed: a user's jobs of both share the home's
+# ~/.jupyter-hpcdl/jobs/<job id>, and the two schedulers' tests run side by side.
+FirstJobId=100000
 KillWait=5
 MinJobAge=300
 SlurmctldTimeout=30
@@ -103,6 +106,18 @@ def sge_hub_config(state: Path, prefix: Path, users: list[str], password: str, h
         f"c.GridEngine.pe_multi_node = {SGE_PE_MULTI_NODE!r}  # the site's own PE names\n"
 
 
+#: The hubs' timings (the tests compute their bounds from these, as the hub does). JupyterHub polls each server
+#: every POLL_INTERVAL seconds (with up to 10 % jitter); the spawner reads the queue once every QUEUE_INTERVAL
+#: seconds for all servers, backs off up to QUEUE_MAX_BACKOFF while the scheduler does not answer, gives each
+#: scheduler command SCHEDULER_TIMEOUT seconds, a stop CANCEL_TIMEOUT, and sweeps for orphans every ORPHAN_INTERVAL.
+POLL_INTERVAL = 10
+QUEUE_INTERVAL = 2.0
+QUEUE_MAX_BACKOFF = 8.0
+SCHEDULER_TIMEOUT = 10.0
+CANCEL_TIMEOUT = 30.0
+ORPHAN_INTERVAL = 10.0
+
+
 @dataclass(frozen=True)
 class HubPlace:
     """Where one of the bed's hubs lives: its directory under the state, its ports, its batch system."""
@@ -142,17 +157,17 @@ c.JupyterHub.spawner_class = "hpcdl"
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # straight to the progress page: jobs queue
 c.JupyterHub.cleanup_servers = False  # a hub restart leaves the users' jobs alone; the spawner picks them up again
-c.Spawner.poll_interval = 10
+c.Spawner.poll_interval = {POLL_INTERVAL}
 c.Spawner.default_url = "/lab"
 c.HpcdlSpawner.python = "{prefix}/venv/bin/python"
 c.HpcdlSpawner.node_addresses = {nodes!r}  # listen_ip stays the default: the node's address on its route to the hub
-c.HpcdlSpawner.queue_interval = 2.0
+c.HpcdlSpawner.queue_interval = {QUEUE_INTERVAL}
 # Faults come quickly on the bed: a short backoff, timeout and sweep interval (the defaults suit a real cluster).
 c.HpcdlSpawner.hub_tag = "testbed"
-c.HpcdlSpawner.queue_max_backoff = 8.0
-c.HpcdlSpawner.scheduler_timeout = 10.0
-c.HpcdlSpawner.cancel_timeout = 30.0
-c.HpcdlSpawner.orphan_interval = 10.0
+c.HpcdlSpawner.queue_max_backoff = {QUEUE_MAX_BACKOFF}
+c.HpcdlSpawner.scheduler_timeout = {SCHEDULER_TIMEOUT}
+c.HpcdlSpawner.cancel_timeout = {CANCEL_TIMEOUT}
+c.HpcdlSpawner.orphan_interval = {ORPHAN_INTERVAL}
 c.SiteProfile.partitions = {{"{PARTITION}": {{"max_nodes": {len(NODES)}, "max_gpus_per_node": {GPUS_PER_NODE},
                                          "max_walltime": "04:00:00", "max_memory_gb": 3,
                                          "description": "test-bed GPU nodes"}},

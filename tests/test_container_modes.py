@@ -88,6 +88,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fast_path, mode", MODES)
 def test_a_kernel_runs_is_interrupted_and_shuts_down_in_each_mode(bed, alice, fast_path, mode):

@@ -8,6 +8,7 @@ import pytest
 from jupyter_hpcdl.training.placement import wait_for_json_file
 
 
+@pytest.mark.timing
 def test_a_connection_file_is_read_only_once_it_is_whole(tmp_path):
     path = tmp_path / "ipcontroller-x-engine.json"
     path.write_text("")  # the controller has opened it, not written it yet
@@ -26,6 +27,7 @@ def test_a_connection_file_is_read_only_once_it_is_whole(tmp_path):
     writer.join()
 
 
+@pytest.mark.timing
 def test_a_connection_file_never_written_is_named_after_its_deadline(tmp_path):
     path = tmp_path / "missing-engine.json"
     t0 = time.monotonic()

@@ -48,6 +48,7 @@ def line(job_id, state="RUNNING", user="alice", host="node1"):
     return f"{job_id}|{state}|None|N/A|{host}|{user}\n"
 
 
+@pytest.mark.timing
 def test_unreachable_scheduler_is_unknown_never_ended_and_backs_off():
     flaky = FlakyScheduler(line("7"))
 
@@ -149,6 +150,7 @@ def test_poll_recovers_when_the_scheduler_answers_within_the_grace(fresh_queues)
     assert spawner.job_id == "7" and spawner.last_end == ""
 
 
+@pytest.mark.timing
 def test_stop_with_a_dead_controller_ends_in_time_and_leaves_the_job_to_the_sweep(fresh_queues, monkeypatch):
     flaky = FlakyScheduler(line("7"))
     spawner = make_spawner(flaky, queue_interval=0.01, cancel_timeout=2, queue_max_backoff=0.05)

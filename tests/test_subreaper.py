@@ -46,6 +46,7 @@ def test_an_orphan_in_a_session_of_its_own_is_ended_with_the_server_and_the_exit
     assert not alive(orphan), "the orphan outlived the supervisor"
 
 
+@pytest.mark.timing
 def test_an_orphan_that_ignores_sigterm_is_killed_after_the_grace_and_named(tmp_path):
     pidfile = tmp_path / "orphan"
     sup = supervisor(f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 0.1; done' & "
