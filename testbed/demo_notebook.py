@@ -47,11 +47,11 @@ def notebook_summary(path: Path) -> dict:
     raise ValueError(f"{path.name} printed no summary")
 
 
-def place_notebooks(user: str, names: list[str]) -> Path:
-    """Copies of the notebooks in the user's home (theirs, as a workshop's copy would be), with the example script
-    they run beside them; the directory."""
+def place_notebooks(user: str, names: list[str], directory: str = "hpcdl-notebooks") -> Path:
+    """Copies of the notebooks in ``directory`` of the user's home (theirs, as a workshop's copy would be), with the
+    example script they run beside them; the directory."""
     pw = pwd.getpwnam(user)
-    work = Path(pw.pw_dir) / "hpcdl-notebooks"
+    work = Path(pw.pw_dir) / directory
     work.mkdir(exist_ok=True)
     copies = [shutil.copy(REPO / "notebooks" / name, work / name) for name in names]
     copies.append(shutil.copy(REPO / "examples" / "horovod_keras_digits.py", work / "horovod_keras_digits.py"))
@@ -61,11 +61,12 @@ def place_notebooks(user: str, names: list[str]) -> Path:
 
 
 def run_notebooks(hub: Hub, user: str = "alice", nodes: int = 2, names: list[str] | None = None,
-                  gpus_per_node: int = 1) -> dict[str, tuple[dict, Path]]:
-    """Spawn ``user``'s server on ``nodes`` nodes (``gpus_per_node`` each), execute the notebooks (``names``, by default the first) in it
-    one after the other, stop the server; each notebook's summary and executed copy, by name."""
+                  gpus_per_node: int = 1, directory: str = "hpcdl-notebooks") -> dict[str, tuple[dict, Path]]:
+    """Spawn ``user``'s server on ``nodes`` nodes (``gpus_per_node`` each), execute the notebooks (``names``, by
+    default the first) in it one after the other, in ``directory`` of the home, stop the server; each notebook's
+    summary and executed copy, by name."""
     names = names or [NOTEBOOK]
-    work = place_notebooks(user, names)
+    work = place_notebooks(user, names, directory)
     if hub.server(user):
         hub.stop(user)
     status, body = hub.api("POST", f"/hub/api/users/{user}/server",

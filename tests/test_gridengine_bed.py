@@ -16,7 +16,7 @@ from jupyter_hpcdl.spawner.orphans import JobMark
 from jupyter_hpcdl.spawner.queue import JobQueue
 from jupyter_hpcdl.batchsystems.scheduler import ENDED, PENDING, RUNNING
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.stream("rest")]  # beside the Slurm tests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 import config as bedconfig  # noqa: E402
 

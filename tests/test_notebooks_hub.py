@@ -65,11 +65,12 @@ def test_the_notebooks_run_unchanged_in_alices_job(bed):
 
 
 @pytest.mark.timeout(1800)
+@pytest.mark.stream("rest")  # beside the Slurm tests: its own hub, scheduler and notebook directory
 def test_the_notebooks_run_unchanged_in_a_grid_engine_job(bed):
     """The same six notebooks in alice's server on the second hub, whose jobs are Grid Engine's: two nodes (the
     bed's two execution hosts), the batch run a Grid Engine job of two nodes of its own."""
     hub = Hub({"hub_url": bed["sge_hub_url"], "hub_dir": bed["sge_hub_dir"]})
     hub.api("POST", "/hub/api/users/alice")  # 201, or 409 when known
-    done = run_notebooks(hub, "alice", nodes=2, names=[FIRST, *THE_REST])
+    done = run_notebooks(hub, "alice", nodes=2, names=[FIRST, *THE_REST], directory="hpcdl-notebooks-gridengine")
     check_the_first(*done.pop(FIRST), bed["sge_hosts"])
     check_the_rest(done, load_scheduler("gridengine"))

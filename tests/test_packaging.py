@@ -42,6 +42,7 @@ def test_testbed_guard_fails_a_run_without_the_bed(tmp_path):
 
 
 @pytest.mark.testbed
+@pytest.mark.stream("rest")  # no scheduler
 def test_sdist_wheel_without_node_installs_into_an_empty_environment(tmp_path):
     if not (REPO / "jupyter_hpcdl/labextension/package.json").exists():
         pytest.fail("the checkout has no built extension: testbed/install.sh builds it (pip wheel .)")

@@ -54,7 +54,7 @@ class Site:
         return s
 
 
-@pytest.fixture(scope="module", params=["slurm", "gridengine"])
+@pytest.fixture(scope="module", params=["slurm", pytest.param("gridengine", marks=pytest.mark.stream("rest"))])
 def site(request, bed):
     if request.param == "slurm":
         s = Site("slurm", Hub(bed), load_scheduler("slurm"), bedconfig.HUB, len(bed["nodes"]),

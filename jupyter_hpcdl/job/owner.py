@@ -322,8 +322,9 @@ class AllocationOwner:
         if not self.job_id:
             raise ValueError("not inside a batch job")
         argv = engines_argv(ranks, image, connection_file, gpus_per_rank=gpus_per_rank, mpi=mpi, env=self.environ)
-        step = _start_step(argv, os.path.join(os.path.dirname(connection_file), f"engines-{len(self._steps)}.log"),
-                           self.environ)
+        # beside the controller's connection file, named after it: two jobs of the user share the profile directory
+        log = f"{os.path.splitext(connection_file)[0]}-engines-{len(self._steps)}.log"
+        step = _start_step(argv, log, self.environ)
         self._steps.append(step)
         return {"pid": step.pid, "argv": argv}
 
