@@ -246,6 +246,7 @@ def test_owner_says_how_this_nodes_containers_run_without_starting_one(fake_slur
     assert body["in_job"] is True and body["containers"] is None, "a broken site file does not break the panel"
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(60)
 def test_a_slow_sbatch_does_not_block_the_lab(fake_slurm, tmp_path):
     owner = AllocationOwner({**fake_slurm, "FAKE_SBATCH_SECONDS": "5"})
@@ -261,6 +262,7 @@ def test_a_slow_sbatch_does_not_block_the_lab(fake_slurm, tmp_path):
         assert submitted.result(30) == {"job_id": "4242", "output": "4242"}
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(60)
 def test_the_client_says_what_hung_or_failed(fake_slurm, tmp_path):
     owner = AllocationOwner({**fake_slurm, "FAKE_SBATCH_SECONDS": "30"})
@@ -280,6 +282,7 @@ def test_the_client_says_what_hung_or_failed(fake_slurm, tmp_path):
         request(sock, "GET", "/allocation")
 
 
+@pytest.mark.timing
 def test_a_hung_command_is_killed_and_named(fake_slurm, tmp_path, monkeypatch):
     monkeypatch.setattr(owner_module, "COMMAND_TIMEOUT_S", 0.5)
     owner = AllocationOwner({**fake_slurm, "FAKE_SBATCH_SECONDS": "30"})
@@ -295,6 +298,7 @@ def test_a_hung_command_is_killed_and_named(fake_slurm, tmp_path, monkeypatch):
     assert time.monotonic() - began < 5
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(60)
 def test_engine_steps_stop_by_process_group_on_the_loop_and_at_exit(fake_slurm, tmp_path, monkeypatch):
     monkeypatch.setattr(owner_module, "STOP_GRACE_S", 0.5)
@@ -384,6 +388,7 @@ def dashboard(tmp_path_factory):
     tabs.training.stop_ranks()
 
 
+@pytest.mark.ranks
 def test_train_button_draws_a_line_per_rank_and_fills_the_table(dashboard):
     d = dashboard.training
     d.buttons["Train"].click()
@@ -402,6 +407,7 @@ def test_train_button_draws_a_line_per_rank_and_fills_the_table(dashboard):
     assert d.table.value.count("<tr data-rank=") == 2 and not d.buttons["Train"].disabled
 
 
+@pytest.mark.ranks
 def test_stop_button_stops_all_ranks_mid_training(dashboard):
     d = dashboard.training
     d.epochs.value = 200
@@ -417,6 +423,7 @@ def test_stop_button_stops_all_ranks_mid_training(dashboard):
     d.epochs.value = 1
 
 
+@pytest.mark.ranks
 def test_errors_show_in_place(dashboard, tmp_path):
     d = dashboard.training
     d.checkpoint_dir, d.last_checkpoint = str(tmp_path / "none"), None
@@ -429,6 +436,7 @@ def test_errors_show_in_place(dashboard, tmp_path):
     assert d.error.value == "" and os.path.exists(d.last_checkpoint)
 
 
+@pytest.mark.ranks
 def test_scaling_tab_runs_plots_against_ideal_and_exports(dashboard):
     s, d = dashboard.scaling, dashboard.training
     trained = d.session.weights_digest()
@@ -448,6 +456,7 @@ def test_scaling_tab_runs_plots_against_ideal_and_exports(dashboard):
     assert d.session.weights_digest() == trained, "the scaling run did not give the trained model back"
 
 
+@pytest.mark.ranks
 def test_after_a_rank_died_train_says_to_resume_and_resume_recovers(dashboard):
     import signal
 
@@ -466,6 +475,7 @@ def test_after_a_rank_died_train_says_to_resume_and_resume_recovers(dashboard):
     assert d.error.value == "" and d.session.alive and "resumed from" in d.status.value
 
 
+@pytest.mark.ranks
 def test_close_then_train_starts_again(dashboard):
     d = dashboard.training
     d.buttons["Close"].click()
@@ -500,6 +510,8 @@ def test_handler_says_plainly_when_not_in_a_batch_job(jupyter_server):
     assert body["in_job"] is False and body["message"].startswith("Not in a batch job")
 
 
+@pytest.mark.timing
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_in_a_job_the_panel_answers_while_sbatch_runs_and_exit_cancels_the_job(fake_slurm, tmp_path):
     sock = str(tmp_path / "job" / "a.sock")

@@ -63,6 +63,7 @@ def _train_and_watch_charts_update(page, epochs: int, timeout: float) -> None:
     assert page.locator(".hpcdl-dashboard .bqplot .legendtext", has_text="rank 1").count() >= 3, "a line per rank"
 
 
+@pytest.mark.ranks
 def test_outside_a_job_the_panel_says_so_and_the_dashboard_trains_and_scales(local_lab, browser_page):
     url, token = local_lab
     page = browser_page

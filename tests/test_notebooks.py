@@ -19,6 +19,8 @@ import pytest
 
 from demo_notebook import notebook_summary
 
+pytestmark = pytest.mark.ranks  # starts real worlds of local ranks (testbed/quick leaves them out)
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]-*.ipynb"))
 ARTIFACTS = REPO / "artifacts" / "notebooks"

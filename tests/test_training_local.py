@@ -15,6 +15,8 @@ from jupyter_hpcdl.training.backend import keras_problem
 import workloads
 from workloads import digits_model, digits_shard
 
+pytestmark = pytest.mark.ranks  # starts real worlds of local ranks (testbed/quick leaves them out)
+
 pytest.importorskip("horovod.tensorflow.keras")
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as functions defined in a notebook travel
 cloudpickle.register_pickle_by_value(workloads)
@@ -116,6 +118,7 @@ def test_straggler_is_a_rank_clearly_slower_than_the_median():
                       {"rank": 0, "epoch": 1, "batch": 0, "time": 1, "step_time_s": 0.01}]) == 1
 
 
+@pytest.mark.timing
 def test_a_killed_rank_is_reported_within_seconds_and_training_recovers(session, tmp_path):
     import os
     import signal

@@ -16,6 +16,8 @@ import pytest
 from jupyter_hpcdl.training import RankError, ScriptFailed, TrainingSession
 from jupyter_hpcdl.training.spec import make_spec
 
+pytestmark = pytest.mark.ranks  # starts real worlds of local ranks (testbed/quick leaves them out)
+
 pytest.importorskip("horovod.tensorflow.keras")
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as functions defined in a notebook travel
 
