@@ -18,8 +18,9 @@ STATE = Path(os.environ.get("HPCDL_TESTBED_STATE", "/var/lib/jupyter-hpcdl-testb
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))  # the bed's own modules (hubclient, bed)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups added here
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need an NVIDIA GPU: skipped without one, or failed where HPCDL_REQUIRE_GPU=1 (a GPU
+    """Each test goes to its stream's group (``xdist_group``). Tests marked ``gpu`` need an NVIDIA GPU: skipped without one, or failed where HPCDL_REQUIRE_GPU=1 (a GPU
     check). Tests marked ``testbed`` need the bed: without it they are skipped, or fail where
     HPCDL_REQUIRE_TESTBED=1 (CI)."""
     if not Path("/dev/nvidia0").exists() and os.environ.get("HPCDL_REQUIRE_GPU") != "1":
@@ -169,6 +170,10 @@ def pytest_runtest_setup(item):
         pytest.fail("HPCDL_REQUIRE_GPU=1 but this machine has no NVIDIA GPU (/dev/nvidia0)", pytrace=False)
     if "testbed" in item.keywords and not bed_is_up() and os.environ.get("HPCDL_REQUIRE_TESTBED") == "1":
         pytest.fail(f"HPCDL_REQUIRE_TESTBED=1 but {NO_BED}", pytrace=False)
+    worker_group = item.nodeid.rpartition("@")[2] if os.environ.get("PYTEST_XDIST_WORKER") else None
+    if worker_group is not None and item.config.getvalue("loadgroup") and worker_group != stream_of(item):
+        pytest.fail(f"{item.nodeid} runs outside its stream {stream_of(item)!r}: the streams would overlap",
+                    pytrace=False)
     item.stash[_BEFORE] = snapshot(_test_users(), STATE, _jobs_to_check(item), stream_of(item))
     item.stash[_STARTED] = (time.monotonic(), *cpu_times())
     return (yield)
