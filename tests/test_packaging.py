@@ -28,6 +28,7 @@ def _run(argv, timeout=600, **kw) -> str:
 
 def test_testbed_guard_fails_a_run_without_the_bed(tmp_path):
     (tmp_path / "conftest.py").write_text((REPO / "tests/conftest.py").read_text())
+    (tmp_path / "leftovers.py").write_text((REPO / "tests/leftovers.py").read_text())  # conftest.py imports it
     (tmp_path / "test_x.py").write_text("import pytest\n\n@pytest.mark.testbed\ndef test_needs_bed():\n    pass\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n  testbed: bed\n  gpu: gpu\n")
     env = {**os.environ, "HPCDL_TESTBED_STATE": str(tmp_path / "no-bed")}
