@@ -16,8 +16,6 @@ from pathlib import Path
 
 import psutil
 
-import gridengine  # the bed's module (testbed/): Grid Engine's client environment
-
 #: Where a user's process runs: under a Slurm step or a Grid Engine shepherd (by the ancestor's name).
 JOB_ANCESTORS = {"slurmstepd": "slurm", "slurmd": "slurm", "sge_shepherd": "gridengine", "sge_execd": "gridengine"}
 #: The scheduler of each stream's jobs.
@@ -42,6 +40,8 @@ def _slurm_jobs(users: list[str]) -> list[Thing]:
 
 
 def _gridengine_jobs(users: list[str]) -> list[Thing]:
+    import gridengine  # the bed's module (testbed/), only where the bed is up: Grid Engine's client environment
+
     try:
         out = gridengine.client(["qstat", "-u", ",".join(users)]).stdout
     except (OSError, subprocess.TimeoutExpired):

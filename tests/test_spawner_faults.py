@@ -98,6 +98,10 @@ def test_an_orphan_job_of_this_hub_is_cancelled_and_the_user_told(bed, hub, alic
     sweeps = 2 * config.ORPHAN_INTERVAL + config.SCHEDULER_TIMEOUT + 30  # two sweeps, one slow squeue, the queue read
     wait(lambda: ours not in [j[0] for j in jobs("alice")], sweeps, f"orphan job {ours} cancelled by the sweep")
     took = time.monotonic() - t0
+    # what alice is told, read before the second orphan's cancellation below replaces it as her last server's end
+    told_pattern = rf"job {ours} \((pending|running)\) was found without its server at .* cancelled by the hub"
+    wait(lambda: re.search(told_pattern, last_end(bed, "alice")), 30, f"alice told of orphan job {ours}'s end")
+    told = last_end(bed, "alice")
     # a later sweep (it cancels a second orphan) leaves the other two alone
     again = alice.run("sbatch", "--parsable", "--job-name=jupyterhub-hpcdl", "--comment=jupyterhub-hpcdl:testbed:alice:",
                       "--time=10", "--wrap=sleep 600", check=True).stdout.strip()
@@ -105,8 +109,7 @@ def test_an_orphan_job_of_this_hub_is_cancelled_and_the_user_told(bed, hub, alic
     left = [j[0] for j in jobs("alice")]
     assert other in left, "another hub's job was touched"
     assert own in left, "a job of alice's own without the hub's mark was touched"
-    told = last_end(bed, "alice")
-    assert re.search(rf"job {ours} \((pending|running)\) was found without its server at .* cancelled by the hub", told), told
+    assert re.search(told_pattern, told), told
     subprocess.run(["scancel", other, own], check=True)
     record("orphan job of this hub", orphans_left=0, cancelled_after_s=round(took, 1), user_sees=told)
 
