@@ -85,7 +85,7 @@ def test_spawn_runs_lab_on_a_node_with_kernels_in_the_container(bed, hub, clean)
     assert report["image"] == bed["identity"], "the kernel is not running inside alice's container"
     assert len(report["cuda"].split(",")) == 2 and report["uid"] == 1001
     script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True).stdout
-    token = _server_token()
+    token = _server_token(job_id)
     assert token and token not in script and "TOKEN" not in script
     hub.stop("alice")
     assert jobs("alice") == []
@@ -214,23 +214,26 @@ def test_fuzzed_rest_options_are_refused_or_submitted_exactly(hub, bed, options)
     assert jobs("alice") == []
 
 
-def _server_token(user="alice"):
+def _server_token(job_id: str, user: str = "alice") -> str | None:
+    """The API token of ``user``'s server in batch job ``job_id`` (Slurm's or Grid Engine's: the Grid Engine hub's
+    tests may run a server of alice's meanwhile)."""
     for p in psutil.process_iter(["username", "cmdline"]):
         if p.info["username"] == user and any("jupyterhub-singleuser" in a for a in p.info["cmdline"] or []):
             try:
                 env = Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            for item in env:
-                if item.startswith(b"JUPYTERHUB_API_TOKEN="):
-                    return item.split(b"=", 1)[1].decode()
+            values = dict(item.split(b"=", 1) for item in env if b"=" in item)
+            if job_id.encode() in (values.get(b"SLURM_JOB_ID"), values.get(b"JOB_ID")) and b"JUPYTERHUB_API_TOKEN" in values:
+                return values[b"JUPYTERHUB_API_TOKEN"].decode()
     return None
 
 
 def test_callback_accepts_only_the_port_from_the_servers_own_token(hub, bob, clean):
     spawn(hub, "alice", {"walltime": "00:20:00"})
     hub.wait_ready("alice")
-    token = _server_token()
+    (job_id, *_), = jobs("alice")
+    token = _server_token(job_id)
     marker = Path(f"/tmp/hpcdl-pwned-{os.getpid()}")
     for route in ("/hub/api/batchspawner", "/hub/api/hpcdl/callback"):
         for body in ({"batch_cancel_cmd": f"touch {marker}"}, {"port": 1, "exec_prefix": ["touch", str(marker)]},

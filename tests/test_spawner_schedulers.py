@@ -103,7 +103,7 @@ def test_spawn_runs_lab_with_kernels_in_the_container_and_keeps_the_token_privat
     assert len((report["cuda"] or "").split(",")) == 1 and report["cuda"], "the job's GPU did not reach the kernel"
     # What every other user can read of the job (its details, its environment where the scheduler shows it).
     details = bob.run(*site.sched.job_argv(job_id)).stdout
-    token = _server_token("alice")
+    token = _server_token(job_id, "alice")
     assert token and token not in details
     assert not list(Path(alice.home, ".jupyter-hpcdl/jobs").glob("env-*.json")), "the job's secrets were left behind"
     site.hub.stop("alice")
