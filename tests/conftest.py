@@ -171,7 +171,7 @@ def pytest_runtest_setup(item):
     if "testbed" in item.keywords and not bed_is_up() and os.environ.get("HPCDL_REQUIRE_TESTBED") == "1":
         pytest.fail(f"HPCDL_REQUIRE_TESTBED=1 but {NO_BED}", pytrace=False)
     worker_group = item.nodeid.rpartition("@")[2] if os.environ.get("PYTEST_XDIST_WORKER") else None
-    if worker_group is not None and item.config.getvalue("loadgroup") and worker_group != stream_of(item):
+    if worker_group is not None and getattr(item.config.option, "loadgroup", False) and worker_group != stream_of(item):
         pytest.fail(f"{item.nodeid} runs outside its stream {stream_of(item)!r}: the streams would overlap",
                     pytrace=False)
     item.stash[_BEFORE] = snapshot(_test_users(), STATE, _jobs_to_check(item), stream_of(item))

@@ -31,7 +31,9 @@ def test_testbed_guard_fails_a_run_without_the_bed(tmp_path):
     (tmp_path / "leftovers.py").write_text((REPO / "tests/leftovers.py").read_text())  # conftest.py imports it
     (tmp_path / "test_x.py").write_text("import pytest\n\n@pytest.mark.testbed\ndef test_needs_bed():\n    pass\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n  testbed: bed\n  gpu: gpu\n")
-    env = {**os.environ, "HPCDL_TESTBED_STATE": str(tmp_path / "no-bed")}
+    # A run of its own: not a pytest-xdist worker, even when this test runs in one.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["HPCDL_TESTBED_STATE"] = str(tmp_path / "no-bed")
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)]
     required = subprocess.run(argv, capture_output=True, text=True, env={**env, "HPCDL_REQUIRE_TESTBED": "1"},
                               cwd=tmp_path, timeout=120)
