@@ -8,6 +8,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 from tornado.httpclient import HTTPRequest
@@ -84,26 +85,39 @@ class Hub:
         status, k = self.api("POST", base, {"name": kernel}, timeout=timeout)
         assert status == 201, (status, k)
         try:
-            return asyncio.run(self._execute(f"{base}/{k['id']}/channels", code, timeout))
+            return asyncio.run(self._execute(user, f"{base}/{k['id']}", code, timeout))
         finally:
             self.api("DELETE", f"{base}/{k['id']}")
 
-    async def _execute(self, path: str, code: str, timeout: float) -> str:
-        url = self.url.replace("http", "ws", 1) + path
-        conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {self.token}"}))
+    async def _execute(self, user: str, kernel_path: str, code: str, timeout: float, reconnects: int = 3) -> str:
+        """Run ``code`` over the kernel's websocket. A dropped websocket is reopened with the same session, as
+        JupyterLab does (the server keeps what the kernel said meanwhile and replays it), while the kernel lives;
+        once it is gone the error says what the hub and the server report."""
         msg_id, session = uuid.uuid4().hex, uuid.uuid4().hex
+        url = f"{self.url.replace('http', 'ws', 1)}{kernel_path}/channels?session_id={session}"
+        out, deadline, dropped = [], time.monotonic() + timeout, 0
+        conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {self.token}"}))
         conn.write_message(json.dumps({
             "header": {"msg_id": msg_id, "username": "test", "session": session, "msg_type": "execute_request",
                        "version": "5.3", "date": ""},
             "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
             "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True}}))
-        out, deadline = [], time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
                 raw = await asyncio.wait_for(conn.read_message(), deadline - time.monotonic())
                 if raw is None:
-                    raise ConnectionError("kernel websocket closed")
+                    kernel_status, kernel_info = self.api("GET", kernel_path)
+                    if kernel_status != 200 or dropped >= reconnects:
+                        server = self.api("GET", f"/hub/api/users/{user}")[1]
+                        raise ConnectionError(
+                            f"the kernel's websocket closed ({dropped} reconnects before); the kernel: "
+                            f"{kernel_status} {kernel_info}; {user} at the hub: {server}")
+                    dropped += 1
+                    warnings.warn(f"the kernel's websocket closed while the kernel is {kernel_info}: reconnecting "
+                                  f"({dropped} of {reconnects})")
+                    conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {self.token}"}))
+                    continue
                 if isinstance(raw, bytes):
                     continue
                 msg = json.loads(raw)
@@ -116,6 +130,6 @@ class Hub:
                     raise RuntimeError("\n".join(msg["content"]["traceback"]))
                 elif kind == "status" and msg["content"]["execution_state"] == "idle":
                     return "".join(out)
-            raise TimeoutError("no reply from the kernel")
+            raise TimeoutError(f"no reply from the kernel in {timeout} s")
         finally:
             conn.close()

@@ -333,7 +333,7 @@ def test_a_killed_kernel_in_the_job_leaves_no_engine_controller_or_step(bed):
         assert len(job) == 1, job
         status, kernel = hub.api("POST", "/user/alice/api/kernels", {"name": "hpcdl"}, timeout=120)
         assert status == 201, kernel
-        out = asyncio.run(hub._execute(f"/user/alice/api/kernels/{kernel['id']}/channels", KILLED_KERNEL_CODE, 300))
+        out = asyncio.run(hub._execute("alice", f"/user/alice/api/kernels/{kernel['id']}", KILLED_KERNEL_CODE, 300))
         info = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
         steps = lambda: [s for s in subprocess.run(["squeue", "-h", "-s", "-j", job[0], "-o", "%i"],  # noqa: E731
                                                    capture_output=True, text=True).stdout.split()
