@@ -35,6 +35,7 @@ from .profile import Profile, SiteProfile
 from .queue import JobQueue, shared_queue
 from ..batchsystems.scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo, Scheduler, load_scheduler
 from .script import ScriptContext, build_batch_script
+from .usertail import escape_controls
 
 JOB_ENV = ("PATH", "HOME", "USER", "LANG")
 
@@ -54,6 +55,8 @@ class HpcdlSpawner(Spawner):
     startup_poll_interval = Float(0.5, help="Seconds between queue readings while a server starts (the few starting "
                                             "servers share them too).").tag(config=True)
     log_tail_lines = Integer(20, help="Lines of the job's log shown when it fails.").tag(config=True)
+    log_tail_bytes = Integer(65536, help="Bytes from the end of the job's log read for those lines, at most."
+                             ).tag(config=True)
     job_name = Unicode("jupyterhub-hpcdl").tag(config=True)
     hub_tag = Unicode("jupyterhub", help="Names this hub in its jobs' comments (letters, digits, '._-'); the orphan "
                       "sweep cancels only jobs with this tag. Give each hub that shares a cluster its own.").tag(config=True)
@@ -333,19 +336,29 @@ class HpcdlSpawner(Spawner):
         what = (f"job {self.job_id} ended: {info.state}" + (f" ({info.reason})" if info.reason else "")
                 + (f", exit code {info.exit_code}" if info.exit_code else "")) if info else \
             f"job {self.job_id} is no longer known to the scheduler"
-        tail = self._log_tail()
+        tail = await self._log_tail(self.log_path(self.job_id))
         if info is not None and info.job_id in self.queue.jobs():  # ended, yet held (Grid Engine's Eqw): let it go
             await self._cancel(info.job_id)
         await self._remove_env_file()
         self._forget_job(what)
         return what + (f"\nLast lines of its log ({self.log_path(info.job_id if info else '')}):\n{tail}" if tail else "")
 
-    def _log_tail(self) -> str:
+    async def _log_tail(self, path: str) -> str:
+        """The end of the job's log, read as the user (``usertail``: a regular file only, bounded in bytes and in
+        ``scheduler_timeout``), or why it is not shown; never with the hub's rights, never on the event loop."""
+        argv = [*as_user(self.exec_prefix, self.user.name), sys.executable, "-m", "jupyter_hpcdl.spawner.usertail",
+                "--lines", str(self.log_tail_lines), "--max-bytes", str(self.log_tail_bytes), "--", path]
         try:
-            with open(self.log_path(self.job_id)) as f:
-                return "".join(f.readlines()[-self.log_tail_lines:])
-        except OSError:
+            result = await run(argv, timeout=self.scheduler_timeout)
+        except (OSError, RuntimeError) as e:
+            self.log.warning("%s: reading the end of %s as %s: %s", self._log_name, path, self.user.name, e)
             return ""
+        if result.returncode == 3:  # not shown, with the reason
+            return f"(not shown: {escape_controls(result.stderr.strip()[-300:])})\n"
+        if result.returncode:
+            self.log.warning("%s: %s", self._log_name, result.failure(f"reading the end of {path}"))
+            return ""
+        return result.stdout
 
     async def get_url(self):
         """After a hub restart, JupyterHub asks a server it thinks is running for its URL. A spawn that was pending
