@@ -141,6 +141,14 @@ def test_reports_for_people_and_scripts():
     assert exit_code(findings) == 1 and exit_code(findings[::2]) == 0
 
 
+def test_what_a_node_reported_reaches_the_terminal_without_its_control_sequences():
+    """A probe runs as a user on a node: its strings may carry escape sequences meant for the admin's terminal."""
+    planted = "\x1b[2J\x1b]0;pwned\x07ok\r\x9b1A"
+    text = render_text([Finding("udocker", FAIL, f"udocker {planted}", f"fix {planted}", "node\x1b[1m")])
+    assert not any(c in text for c in "\x1b\x07\r\x9b"), repr(text)
+    assert "-> fix \\x1b[2J\\x1b]0;pwned\\x07ok\\x0d\\x9b1A" in text and "node\\x1b[1m" in text
+
+
 def test_facts_travel_as_json():
     assert facts_from_json(GOOD.to_json()) == GOOD
     req = request_from_json(json.dumps({"nonce": "x", "hub_url": "u", "result": "/r", "images": ["a:b"], "new": 1}))

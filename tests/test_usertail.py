@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from jupyter_hpcdl.spawner.usertail import NotShown, escape_controls, tail
+from jupyter_hpcdl.controls import escape_controls
+from jupyter_hpcdl.spawner.usertail import NotShown, tail
 
 SECRET = "hub-api-token-0123456789"
 

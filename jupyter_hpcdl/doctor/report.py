@@ -5,6 +5,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
 
+from ..controls import escape_controls
+
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 _MARK = {OK: "ok  ", WARN: "WARN", FAIL: "FAIL", SKIP: "skip"}
 
@@ -31,6 +33,8 @@ def exit_code(findings: Sequence[Finding]) -> int:
 
 
 def render_text(findings: Sequence[Finding]) -> str:
+    """One line per finding (and its fix), for a terminal: what a node's probe or a user wrote is shown with its
+    control characters escaped."""
     lines = []
     for f in findings:
         message = " / ".join(line.strip() for line in f.message.splitlines() if line.strip())
@@ -41,7 +45,7 @@ def render_text(findings: Sequence[Finding]) -> str:
     warned = sum(f.status == WARN for f in findings)
     lines.append(f"{len(findings)} checks: {failed} failed, {warned} warnings" if failed or warned
                  else f"{len(findings)} checks: all passed")
-    return "\n".join(lines)
+    return escape_controls("\n".join(lines))
 
 
 def render_json(findings: Sequence[Finding]) -> str:

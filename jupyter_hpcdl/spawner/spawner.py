@@ -33,9 +33,9 @@ from .orphans import JobMark, OrphanSweeper, check_hub_tag
 from .options import JobRequest, OptionsError, request_to_options, validate_options
 from .profile import Profile, SiteProfile
 from .queue import JobQueue, shared_queue
+from ..controls import escape_controls
 from ..batchsystems.scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo, Scheduler, load_scheduler
 from .script import ScriptContext, build_batch_script
-from .usertail import escape_controls
 
 JOB_ENV = ("PATH", "HOME", "USER", "LANG")
 

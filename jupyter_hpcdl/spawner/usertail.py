@@ -8,20 +8,14 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import re
 import stat
 import sys
 
-#: What a tail shows as ``\\xNN``: the C0 controls but tab and newline, DEL, and the C1 controls.
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+from jupyter_hpcdl.controls import escape_controls
 
 
 class NotShown(Exception):
     """The file is not one the hub shows: a link, not a regular file, or not readable by its user."""
-
-
-def escape_controls(text: str) -> str:
-    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def tail(path: str, lines: int = 20, max_bytes: int = 65536) -> str:
