@@ -214,26 +214,69 @@ def test_one_scheduler_query_per_interval_for_a_thousand_servers():
     assert calls == ["squeue"] and q.queries == 1
 
 
-def test_the_job_holds_its_port_until_the_server_binds_it():
+def _take(port: int, ip: str) -> str | None:
+    """What a neighbour gets trying to serve on ``port``: None when it could listen there, else the error."""
     import socket
 
-    from tornado.netutil import bind_sockets
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            s.bind((ip, port))
+            s.listen()
+        except OSError as e:
+            return str(e)
+    return None
+
+
+def test_the_port_is_the_servers_from_the_moment_the_job_chooses_it(tmp_path):
+    """The job listens on the port before it tells the hub, and the server accepts on that socket: at no moment can
+    another process (here with SO_REUSEADDR and SO_REUSEPORT, as root) listen there, and the server answers."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import psutil
 
     from jupyter_hpcdl.job.server import hold_port, route_address
 
     held = hold_port("127.0.0.1")
     port = held.getsockname()[1]
+    assert held.get_inheritable() and held.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    for _ in range(200):  # no other process asking for a free port is given it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            assert s.getsockname()[1] != port
+    assert _take(port, "127.0.0.1") and _take(port, "0.0.0.0"), "a neighbour could listen on the job's port"
+    token = "t" * 32
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_", "HPCDL_"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--allow-root",
+         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+         "--ServerApp.jpserver_extensions={'jupyter_hpcdl.job.serverext': True}"],
+        pass_fds=[held.fileno()], env={**env, "HPCDL_HELD_PORT_FD": str(held.fileno())},
+        stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT)
+    held.close()  # the server's copy alone holds the port now
     try:
-        assert held.get_inheritable()  # still held after the exec into the server
-        for _ in range(500):  # no other process asking for a free port is given it meanwhile
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                assert s.getsockname()[1] != port
-        with socket.socket() as stranger, pytest.raises(OSError):
-            stranger.bind(("127.0.0.1", port))
-        server = bind_sockets(port, "127.0.0.1")  # what the single-user server does: it gets that very port
-        assert server[0].getsockname()[1] == port
-        server[0].close()
+        deadline = time.monotonic() + 60
+        while True:
+            assert _take(port, "127.0.0.1") and _take(port, "0.0.0.0"), "the port was free while the server started"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "server.log").read_text()
+                assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+                time.sleep(0.2)
+        listening = [c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening == [port], f"the server listens on {listening}, not only on the job's socket"
+        assert _take(port, "127.0.0.1") and _take(port, "0.0.0.0")
+        assert "binds its port itself" not in (tmp_path / "server.log").read_text()
     finally:
-        held.close()
+        proc.terminate()
+        proc.wait(60)
     assert route_address("http://127.0.0.1:8081/hub/api") == "127.0.0.1"

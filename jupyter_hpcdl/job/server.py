@@ -3,11 +3,11 @@ scheduler's client): prepare the user's container, write the container kernelspe
 hub only that port (the hub takes the node from the scheduler), then run the single-user server as the child of
 this process, which stays the job's subreaper (:mod:`.subreaper`: nothing the server starts outlives the job).
 
-The port is held, not just picked: the socket bound to it (SO_REUSEADDR, never listening) is passed to the server,
-so the kernel gives the port to no one else asking for a free port, and a plain bind of it
-fails (a process that sets SO_REUSEADDR itself and listens first could still take it); the server binds the same port
-(tornado sets SO_REUSEADDR too, which Linux allows while no socket listens on it) and listens, and the server
-extension then closes the held socket (``HPCDL_HELD_PORT_FD``)."""
+The port is the server's from the moment it is chosen: the job listens on it before it tells the hub (no
+SO_REUSEADDR, no SO_REUSEPORT), so no other process, whatever options it sets, can bind or listen on that port
+until the server ends, and whoever answers there is this job's server. The listening socket is passed to the server,
+whose extension has it accept on that very socket (``HPCDL_HELD_PORT_FD``, see serverext.py) instead of binding
+anew; connections made meanwhile wait in its backlog."""
 from __future__ import annotations
 
 import argparse
@@ -31,10 +31,10 @@ KERNEL_NAME = "hpcdl"
 
 
 def hold_port(ip: str) -> socket.socket:
-    """A socket bound to a free port on ``ip`` and kept open (inheritable, so the server it is passed to holds it)."""
+    """A socket listening on a free port of ``ip`` (inheritable: the server it is passed to serves on it)."""
     s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((ip, 0))
+    s.listen(128)
     s.set_inheritable(True)
     return s
 
@@ -90,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     ip = args.listen_ip or route_address(os.environ["JUPYTERHUB_API_URL"])
     held = hold_port(ip)
     port = held.getsockname()[1]
-    os.environ["HPCDL_HELD_PORT_FD"] = str(held.fileno())  # the server extension closes it once the server listens
+    os.environ["HPCDL_HELD_PORT_FD"] = str(held.fileno())  # the server's extension has the server accept on it
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
     host = f"[{ip}]" if ":" in ip else ip
     os.environ["JUPYTERHUB_SERVICE_URL"] = f"http://{host}:{port}{prefix}"
     report_port(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"], port)
     print(f"[jupyter-hpcdl] server on {host}:{port}", flush=True)
     argv = [*command, f"--MultiKernelManager.default_kernel_name={KERNEL_NAME}"]
-    fd = held.detach()  # from here on only the server holds the port (its extension closes it once listening)
+    fd = held.detach()  # from here on only the server holds the port
     return supervise(argv, pass_fds=[fd])
 
 

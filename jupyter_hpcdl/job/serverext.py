@@ -1,6 +1,7 @@
 """Jupyter server extension: inside a batch job, run the allocation's owner (see owner.py) on a Unix socket in
 the user's private job directory, so that kernels (inside containers) can ask it for engines and report their
-training session; and serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenticated) to the JupyterLab panel.
+training session; serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenticated) to the JupyterLab panel; and
+have the server accept on the socket the job chose its port with, so that the port is never free for another user.
 
 Both handlers are coroutines that await the owner's router on the server's own event loop: the owner's commands are
 asyncio subprocesses, so a slow ``sbatch`` blocks only the request that asked for it, never the rest of the lab, and
@@ -10,7 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import stat
+import socket
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -21,7 +22,7 @@ from tornado.netutil import bind_unix_socket
 
 from .owner import SOCKET_ENV, AllocationOwner, default_socket_path, handle
 
-#: The descriptor of the socket that holds the server's port until the server listens on it (set by the job).
+#: The descriptor of the socket the job listens on the server's port with (set by the job; the server accepts on it).
 HELD_PORT_ENV = "HPCDL_HELD_PORT_FD"
 
 
@@ -81,22 +82,42 @@ def _jupyter_server_extension_points():
     return [{"module": "jupyter_hpcdl.job.serverext"}]
 
 
-def _release_held_port(serverapp, fd: int, tries: int = 300) -> None:
-    """Close the socket the job held the port with (see server.py) once the server listens on the port."""
-    if getattr(getattr(serverapp, "http_server", None), "_sockets", None) or tries <= 0:
-        try:
-            if stat.S_ISSOCK(os.fstat(fd).st_mode):  # only ever the socket the job passed on
-                os.close(fd)
-        except OSError:
-            pass
-        return
-    serverapp.io_loop.call_later(0.2, _release_held_port, serverapp, fd, tries - 1)
+def serve_on_held_socket(serverapp, fd: int) -> bool:
+    """Have ``serverapp`` accept on the listening socket ``fd`` that the job chose its port with (see server.py)
+    instead of binding the port anew, which would leave it free for a moment; False, and the socket closed, where
+    ``fd`` is not a listening socket or this Jupyter Server binds otherwise (the server then binds as usual)."""
+    try:
+        held = socket.socket(fileno=fd)
+    except OSError as e:
+        serverapp.log.error("jupyter_hpcdl: %s=%s is not a socket (%s); the server binds its port itself",
+                            HELD_PORT_ENV, fd, e)
+        return False
+    if not held.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) or not all(
+            callable(getattr(serverapp, name, None)) for name in ("_find_http_port", "_bind_http_server_tcp")):
+        serverapp.log.error("jupyter_hpcdl: the job's socket %s is not listening, or this Jupyter Server (%s) binds "
+                            "its port otherwise; the server binds its port itself", held, type(serverapp).__name__)
+        held.close()
+        return False
+    held.set_inheritable(False)  # kernels and what they start do not hold the server's port
+    held.setblocking(False)
+    port = held.getsockname()[1]
+    if serverapp.port != port:
+        serverapp.log.warning("jupyter_hpcdl: serving on the job's port %s, not %s", port, serverapp.port)
+        serverapp.port = port
+
+    def bind_tcp() -> bool:
+        serverapp.http_server.add_sockets([held])
+        return True
+
+    serverapp._find_http_port = lambda: None  # the port is chosen and held already
+    serverapp._bind_http_server_tcp = bind_tcp
+    return True
 
 
 def _load_jupyter_server_extension(serverapp):
     held = os.environ.pop(HELD_PORT_ENV, "")
     if held.isdigit():
-        serverapp.io_loop.add_callback(_release_held_port, serverapp, int(held))
+        serve_on_held_socket(serverapp, int(held))
     owner = AllocationOwner()
     route = url_path_join(serverapp.web_app.settings["base_url"], "jupyter-hpcdl", "allocation")
     serverapp.web_app.add_handlers(".*$", [(route, AllocationHandler, {"owner": owner})])
