@@ -161,6 +161,14 @@ def test_hub_restart_picks_up_a_running_and_a_pending_server(bed, hub, bob, clea
     testbed.hub().stop()
     testbed.hub().start()
     assert hub.server("alice")["ready"], "the running server was not picked up"
+    # the instructor's page (a service the hub manages) answers again, from the new hub's copy alone
+    deadline = time.monotonic() + 30
+    while hub.api("GET", "/services/hpcdl-workshop/api/status")[0] in (502, 503) and time.monotonic() < deadline:
+        time.sleep(1)
+    services = [p for p in psutil.process_iter(["cmdline", "ppid"])
+                if "jupyter_hpcdl.workshop.service" in " ".join(p.info["cmdline"] or [])]
+    assert [p.info["ppid"] for p in services] == [testbed.hub().pid()], \
+        f"the workshop service of the old hub is still running: {[p.info for p in services]}"
     hub.wait_routed("alice")
     assert json.loads(hub.run_in_kernel("alice", KERNEL_REPORT))["image"] == bed["identity"]
     subprocess.run(["scancel", blocker], check=True)

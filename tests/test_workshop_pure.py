@@ -61,3 +61,28 @@ def test_rows_say_who_runs_what_and_how_far_and_the_page_escapes_them():
     page = render_page(rows, "room<4>")
     assert "x&lt;b&gt;" in page and "<b>" not in page and "room&lt;4&gt;" in page
     assert "3 attendees, 1 servers running, 1 training now" in page and page.count("<tr>") == 4
+
+
+def test_a_managed_service_ends_with_the_hub_that_started_it():
+    """The hub starts its services in sessions of their own, so a hub that crashes or restarts would leave the
+    service running on its port; a service that the hub manages asks to end with it."""
+    import signal
+
+    import psutil
+
+    service = ("import time; from jupyter_hpcdl.workshop.service import end_with_parent; end_with_parent(); "
+               "print('armed', flush=True); time.sleep(300)")
+    hub = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                            f"p = subprocess.Popen([sys.executable, '-c', {service!r}], start_new_session=True); "
+                            "print(p.pid, flush=True); time.sleep(300)"], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(hub.stdout.readline())
+        assert hub.stdout.readline().strip() == "armed"
+        child = psutil.Process(pid)
+        hub.send_signal(signal.SIGKILL)
+        hub.wait(30)
+        child.wait(30)  # psutil.TimeoutExpired: the service outlived its hub
+    finally:
+        hub.kill()
+        for p in psutil.Process().children(recursive=True):
+            p.kill()

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import os
 import secrets
+import signal
 import sys
 from urllib.parse import urlsplit
 
@@ -67,12 +69,32 @@ def make_app(api: HubAPI, group: str, prefix: str) -> web.Application:
     ], cookie_secret=secrets.token_bytes(32))
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def end_with_parent() -> None:
+    """Have the kernel send SIGTERM here when the process that started this one (the hub) ends: a hub that
+    crashed or was restarted leaves no copy of the service holding its port. SystemExit if that process is gone
+    already (this one was adopted)."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if parent == 1 or os.getppid() != parent:
+        raise SystemExit("hpcdl-workshop service: the hub that started it has ended")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jupyter_hpcdl.workshop.service", description=__doc__.split("\n\n")[0])
     p.add_argument("--group", required=True, help="the workshop's JupyterHub group")
     p.add_argument("--hub-url", default=os.environ.get("JUPYTERHUB_PUBLIC_URL", "http://127.0.0.1:8000"),
                    help="the hub's public URL (the proxy), through which the attendees' servers are reached")
+    p.add_argument("--no-exit-with-hub", dest="exit_with_hub", action="store_false",
+                   help="keep running when the hub that started this service ends (by default a service the hub "
+                        "manages ends with it)")
     args = p.parse_args(argv)
+    if args.exit_with_hub and os.environ.get("JUPYTERHUB_SERVICE_NAME"):  # a service the hub started and manages
+        end_with_parent()
     url = urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
     app = make_app(HubAPI(args.hub_url, os.environ["JUPYTERHUB_API_TOKEN"]), args.group,
                    os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/hpcdl-workshop/"))
