@@ -3,6 +3,7 @@ import http.cookiejar
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -161,20 +162,41 @@ def test_hub_restart_picks_up_a_running_and_a_pending_server(bed, hub, bob, clea
     testbed.hub().stop()
     testbed.hub().start()
     assert hub.server("alice")["ready"], "the running server was not picked up"
-    # the instructor's page (a service the hub manages) answers again, from the new hub's copy alone
-    deadline = time.monotonic() + 30
-    while hub.api("GET", "/services/hpcdl-workshop/api/status")[0] in (502, 503) and time.monotonic() < deadline:
-        time.sleep(1)
-    services = [p for p in psutil.process_iter(["cmdline", "ppid"])
-                if "jupyter_hpcdl.workshop.service" in " ".join(p.info["cmdline"] or [])]
-    assert [p.info["ppid"] for p in services] == [testbed.hub().pid()], \
-        f"the workshop service of the old hub is still running: {[p.info for p in services]}"
     hub.wait_routed("alice")
     assert json.loads(hub.run_in_kernel("alice", KERNEL_REPORT))["image"] == bed["identity"]
     subprocess.run(["scancel", blocker], check=True)
     hub.wait_ready("alice", name="queued", timeout=180)
     after = {j[0]: j[1] for j in jobs("alice")}
     assert after == {k: "RUNNING" for k in before}, "the pending job was not followed (or a new one was submitted)"
+
+
+def test_a_hub_that_crashes_leaves_no_service_holding_its_port(bed, hub):
+    """JupyterHub starts its managed services in sessions of their own: killed, it would leave the instructor's page
+    (hpcdl-workshop) running on its port, and the new hub's copy would fail to bind it again and again. The page
+    answers again from the new hub's copy alone."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
+    import bed as testbed
+
+    old = testbed.hub().pid()
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(old) and psutil.Process(old).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the killed hub is still there"
+        time.sleep(0.2)
+    testbed.hub().start()
+    deadline = time.monotonic() + 30
+    while hub.api("GET", "/services/hpcdl-workshop/api/status")[0] in (502, 503) and time.monotonic() < deadline:
+        time.sleep(1)
+
+    def services():
+        return [p.info for p in psutil.process_iter(["pid", "ppid", "cmdline"])
+                if "jupyter_hpcdl.workshop.service" in " ".join(p.info["cmdline"] or [])]
+
+    deadline = time.monotonic() + 10  # the kernel's SIGTERM to the old copy, and its exit, take a moment
+    while [s["ppid"] for s in services()] != [testbed.hub().pid()] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [s["ppid"] for s in services()] == [testbed.hub().pid()], \
+        f"not the new hub's copy alone: {services()} (hub {testbed.hub().pid()})"
 
 
 @pytest.mark.timing

@@ -275,8 +275,27 @@ def test_the_port_is_the_servers_from_the_moment_the_job_chooses_it(tmp_path):
                      if c.status == psutil.CONN_LISTEN]
         assert listening == [port], f"the server listens on {listening}, not only on the job's socket"
         assert _take(port, "127.0.0.1") and _take(port, "0.0.0.0")
-        assert "binds its port itself" not in (tmp_path / "server.log").read_text()
+        assert "the server stops" not in (tmp_path / "server.log").read_text()
     finally:
         proc.terminate()
         proc.wait(60)
     assert route_address("http://127.0.0.1:8081/hub/api") == "127.0.0.1"
+
+
+def test_a_server_given_a_socket_it_cannot_serve_on_stops_and_says_why(tmp_path):
+    """Fail closed: a held socket that is not listening is not quietly replaced by a port of the server's own."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JOB_", "HPCDL_"))}
+        r = subprocess.run(
+            [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
+             f"--port={bound.getsockname()[1]}", "--allow-root", f"--ServerApp.root_dir={tmp_path}",
+             "--ServerApp.jpserver_extensions={'jupyter_hpcdl.job.serverext': True}"],
+            pass_fds=[bound.fileno()], env={**env, "HPCDL_HELD_PORT_FD": str(bound.fileno())},
+            capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "is not listening" in r.stderr and "the server stops" in r.stderr, r.stderr[-2000:]

@@ -57,6 +57,10 @@ def test_invalid_utf8_and_control_sequences_come_out_harmless(tmp_path):
     out = tail(str(log))
     assert out == "bad \ufffd\ufffd bytes\n\\x1b[2J\\x1b]0;owned\\x07 title\ttab\n"
     assert escape_controls("\x9b31m") == "\\x9b31m"  # a C1 control sequence introducer too
+    assert escape_controls("ok\u202egnp.exe\u2028") == "ok\\u202egnp.exe\\u2028"  # reordering, hidden line breaks
+    log.write_bytes(b"one\x0bstill one\x85\n" + b"x" * 9 + b"\nwhole\n")
+    assert tail(str(log), lines=2) == "x" * 9 + "\nwhole\n"  # only newlines end lines
+    assert tail(str(log), max_bytes=16) == "x" * 9 + "\nwhole\n"  # the line read whole is kept whole
 
 
 def test_the_command_line_says_why_a_file_is_not_shown(tmp_path):

@@ -82,22 +82,26 @@ def _jupyter_server_extension_points():
     return [{"module": "jupyter_hpcdl.job.serverext"}]
 
 
-def serve_on_held_socket(serverapp, fd: int) -> bool:
+def serve_on_held_socket(serverapp, fd: int) -> None:
     """Have ``serverapp`` accept on the listening socket ``fd`` that the job chose its port with (see server.py)
-    instead of binding the port anew, which would leave it free for a moment; False, and the socket closed, where
-    ``fd`` is not a listening socket or this Jupyter Server binds otherwise (the server then binds as usual)."""
+    instead of binding the port anew, which would leave it free for a moment. Where that cannot be (``fd`` is not a
+    listening socket, or this Jupyter Server binds otherwise, e.g. on a Unix socket) the server stops with a
+    message: serving where another user could have been first is not an option."""
+    why = ""
     try:
         held = socket.socket(fileno=fd)
     except OSError as e:
-        serverapp.log.error("jupyter_hpcdl: %s=%s is not a socket (%s); the server binds its port itself",
-                            HELD_PORT_ENV, fd, e)
-        return False
-    if not held.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) or not all(
-            callable(getattr(serverapp, name, None)) for name in ("_find_http_port", "_bind_http_server_tcp")):
-        serverapp.log.error("jupyter_hpcdl: the job's socket %s is not listening, or this Jupyter Server (%s) binds "
-                            "its port otherwise; the server binds its port itself", held, type(serverapp).__name__)
-        held.close()
-        return False
+        held, why = None, f"{HELD_PORT_ENV}={fd} is not a socket ({e})"
+    if held is not None and not held.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        why = f"the job's socket {held} is not listening"
+    elif held is not None and (serverapp.sock or not all(
+            callable(getattr(serverapp, name, None)) for name in ("_find_http_port", "_bind_http_server_tcp"))):
+        why = f"this Jupyter Server ({type(serverapp).__name__}) does not bind a TCP port the way it knows"
+    if why:
+        serverapp.log.critical("jupyter_hpcdl: %s; the server stops rather than bind a port another user could "
+                               "take first (the job, python -m jupyter_hpcdl.job.server, passes a listening socket in %s)", why,
+                               HELD_PORT_ENV)
+        raise SystemExit(1)  # the extension manager turns exceptions into warnings, not this
     held.set_inheritable(False)  # kernels and what they start do not hold the server's port
     held.setblocking(False)
     port = held.getsockname()[1]
@@ -111,7 +115,6 @@ def serve_on_held_socket(serverapp, fd: int) -> bool:
 
     serverapp._find_http_port = lambda: None  # the port is chosen and held already
     serverapp._bind_http_server_tcp = bind_tcp
-    return True
 
 
 def _load_jupyter_server_extension(serverapp):

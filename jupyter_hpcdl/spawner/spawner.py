@@ -40,6 +40,11 @@ from .script import ScriptContext, build_batch_script
 JOB_ENV = ("PATH", "HOME", "USER", "LANG")
 
 
+#: The hub's Python run as a user (a module follows): no user site directory (``-s``) and nothing from the working
+#: directory (``-P``), so only the hub's installation runs; sudo leaves out the caller's PYTHON* variables.
+USER_PYTHON = (sys.executable, "-s", "-P", "-m")
+
+
 class HpcdlSpawner(Spawner):
     """Spawn JupyterLab in a batch job (Slurm first; other schedulers through adapters)."""
 
@@ -285,7 +290,7 @@ class HpcdlSpawner(Spawner):
         if not self.scheduler.private_env:  # every user could read the job's environment: its secrets go in a file
             secrets = {k: env[k] for k in names if k not in JOB_ENV}
             path = env_file_path(home, self.name)
-            (await run([*as_user(self.exec_prefix, self.user.name), sys.executable, "-m", "jupyter_hpcdl.spawner.envfile",
+            (await run([*as_user(self.exec_prefix, self.user.name), *USER_PYTHON, "jupyter_hpcdl.spawner.envfile",
                         path], input=json.dumps(secrets))).check("writing the job's private environment")
             names = [n for n in names if n in JOB_ENV]
             prefix = as_user(self.exec_prefix, self.user.name, names)
@@ -336,17 +341,18 @@ class HpcdlSpawner(Spawner):
         what = (f"job {self.job_id} ended: {info.state}" + (f" ({info.reason})" if info.reason else "")
                 + (f", exit code {info.exit_code}" if info.exit_code else "")) if info else \
             f"job {self.job_id} is no longer known to the scheduler"
-        tail = await self._log_tail(self.log_path(self.job_id))
+        log = self.log_path(self.job_id)
+        tail = await self._log_tail(log)
         if info is not None and info.job_id in self.queue.jobs():  # ended, yet held (Grid Engine's Eqw): let it go
             await self._cancel(info.job_id)
         await self._remove_env_file()
         self._forget_job(what)
-        return what + (f"\nLast lines of its log ({self.log_path(info.job_id if info else '')}):\n{tail}" if tail else "")
+        return what + (f"\nLast lines of its log ({log}):\n{tail}" if tail else "")
 
     async def _log_tail(self, path: str) -> str:
         """The end of the job's log, read as the user (``usertail``: a regular file only, bounded in bytes and in
         ``scheduler_timeout``), or why it is not shown; never with the hub's rights, never on the event loop."""
-        argv = [*as_user(self.exec_prefix, self.user.name), sys.executable, "-m", "jupyter_hpcdl.spawner.usertail",
+        argv = [*as_user(self.exec_prefix, self.user.name), *USER_PYTHON, "jupyter_hpcdl.spawner.usertail",
                 "--lines", str(self.log_tail_lines), "--max-bytes", str(self.log_tail_bytes), "--", path]
         try:
             result = await run(argv, timeout=self.scheduler_timeout)
@@ -356,9 +362,9 @@ class HpcdlSpawner(Spawner):
         if result.returncode == 3:  # not shown, with the reason
             return f"(not shown: {escape_controls(result.stderr.strip()[-300:])})\n"
         if result.returncode:
-            self.log.warning("%s: %s", self._log_name, result.failure(f"reading the end of {path}"))
+            self.log.warning("%s: %s", self._log_name, escape_controls(result.failure(f"reading the end of {path}")))
             return ""
-        return result.stdout
+        return escape_controls(result.stdout[-4 * self.log_tail_bytes:])  # as usertail gives it, whatever ran
 
     async def get_url(self):
         """After a hub restart, JupyterHub asks a server it thinks is running for its URL. A spawn that was pending

@@ -33,13 +33,13 @@ def tail(path: str, lines: int = 20, max_bytes: int = 65536) -> str:
         if not stat.S_ISREG(info.st_mode):
             raise NotShown(f"{path}: not a regular file")
         start = max(0, info.st_size - max_bytes)
-        data = os.pread(fd, max_bytes, start)
+        data = os.pread(fd, max_bytes + (1 if start else 0), start - 1 if start else 0)
     finally:
         os.close(fd)
-    text = data.decode("utf-8", errors="replace")
-    kept = text.splitlines(keepends=True)
-    if start and kept:  # the first line read is likely cut: it is not shown
-        kept = kept[1:]
+    if start:  # the byte before the part read says whether its first line is whole
+        data = data[1:] if data[:1] == b"\n" else data[data.find(b"\n") + 1:] if b"\n" in data else b""
+    parts = data.decode("utf-8", errors="replace").split("\n")  # only newlines end lines: what is shown is what was read
+    kept = [line + "\n" for line in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
     return escape_controls("".join(kept[-lines:] if lines > 0 else []))
 
 

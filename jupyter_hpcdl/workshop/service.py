@@ -80,7 +80,7 @@ def end_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-    if parent == 1 or os.getppid() != parent:
+    if os.getppid() != parent:
         raise SystemExit("hpcdl-workshop service: the hub that started it has ended")
 
 
