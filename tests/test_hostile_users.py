@@ -86,8 +86,10 @@ def test_a_neighbour_cannot_take_the_port_the_job_reported(bed, hub, alice, bob,
     assert status in (201, 202), body
     messages = progress_messages(hub, "alice", until=r"reported port \d+", timeout=180)
     port = int(re.search(r"reported port (\d+)", messages[-1]).group(1))
-    ips = ["0.0.0.0", *sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-                               if a.family == socket.AF_INET})]
+    # where the job listens (another address of the node on that port is another socket, not reached by the hub)
+    ips = ["0.0.0.0", *sorted({c.laddr.ip for c in psutil.net_connections("tcp")
+                               if c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.family == socket.AF_INET})]
+    assert len(ips) == 2, f"the job does not listen on port {port} when it reports it: {ips}"
     grabber = subprocess.Popen(
         ["runuser", "-u", "bob", "--", "/usr/bin/python3", "-c", GRABBER, str(port), "60", *ips],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/")
