@@ -139,6 +139,11 @@ _REPORTED: set[tuple] = set()  # named once: a later test is not blamed for them
 
 
 def _test_users() -> list[str]:
+    """The bed's users, whose processes and jobs the leftover check follows; none where no bed is up (no test then
+    starts anything as them but its own children, which the check follows anyway), so that a run beside another,
+    such as the bed guard's own run inside a test, does not claim the other run's servers."""
+    if not bed_is_up():
+        return []
     try:
         return json.loads((STATE / "bed.json").read_text()).get("users", ["alice", "bob"])
     except (OSError, ValueError):
