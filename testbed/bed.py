@@ -167,6 +167,15 @@ def hub(place: config.HubPlace = config.HUB) -> Daemon:
                   ready=lambda: http_ok(f"http://127.0.0.1:{place.port}/hub/api/"), ready_timeout=90)
 
 
+def proxy(place: config.HubPlace = config.HUB) -> Daemon:
+    """A hub's configurable-http-proxy, which the hub starts and records in its pid file. JupyterHub leaves it
+    running when it stops (``cleanup_servers = False``) and a killed hub leaves it too; the next hub takes it over by
+    that file, and ``down`` stops it by that file."""
+    suffix = "" if place is config.HUB else f"-{place.scheduler}"
+    return Daemon(f"configurable-http-proxy{suffix}", [str(PREFIX / "node/bin/configurable-http-proxy")],
+                  pidfile=STATE / f"run/proxy{suffix}.pid", log=STATE / f"log/jupyterhub{suffix}.log")
+
+
 def hubs() -> list[config.HubPlace]:
     return [config.HUB, config.SGE_HUB]
 
@@ -372,7 +381,7 @@ def down() -> None:
     cancel_jobs()
     if gridengine.daemons(STATE)[0].pid():
         gridengine.cancel_jobs()
-    for d in reversed(daemons()):
+    for d in [*reversed(daemons()), *(proxy(place) for place in hubs())]:
         if d.stop():
             log(f"{d.name} stopped")
 
