@@ -186,14 +186,14 @@ c.JupyterHub.services = [
     {{"name": "testbed", "api_token": open("{d}/service_token").read().strip()}},
 """ + (f"""    {{"name": "hpcdl-workshop", "url": "http://127.0.0.1:{WORKSHOP_PORT}", "oauth_no_confirm": True,
       "command": ["{prefix}/venv/bin/python", "-m", "jupyter_hpcdl.workshop.service", "--group", "{WORKSHOP_GROUP}",
-                  "--hub-url", "http://127.0.0.1:{place.port}"]}},
+                  "--hub-url", "http://127.0.0.1:{place.port}", "--scheduler", "{place.scheduler}"]}},
 """ if workshop_users else "") + """]
 c.JupyterHub.load_roles = [
     {"name": "testbed", "services": ["testbed"],
       "scopes": ["admin:users", "admin:servers", "admin:groups", "access:servers", "read:users", "tokens"]},
 """ + (f"""    {{"name": "hpcdl-workshop", "services": ["hpcdl-workshop"],
-      # single-user servers do not resolve !group= filters (JupyterHub's documented limit): the attendees by name
-      "scopes": ["read:groups", "list:users", "read:users", "read:servers",
-                 *[f"access:servers!user={{u}}" for u in {list(workshop_users)!r}]]}},
+      # the group, its members, their servers and the servers' state (the job's id): no access to any server
+      "scopes": ["read:groups!group={WORKSHOP_GROUP}", "read:users!group={WORKSHOP_GROUP}",
+                 "read:servers!group={WORKSHOP_GROUP}", "admin:server_state!group={WORKSHOP_GROUP}"]}},
     {{"name": "instructor", "users": ["bob"], "scopes": ["access:services!service=hpcdl-workshop"]}},
 """ if workshop_users else "") + "]\n"

@@ -1,7 +1,8 @@
 """Workshop mode on the bed: an instructor prepares ten attendees from a list (image, container, the notebooks in each
 home, the workshop's group), they all spawn with the group's limits (the CPU partition, the small image), the
-instructor (bob, through the ``instructor`` role) sees them on the workshop service's page while an attendee may not,
-and the clean-up leaves no server, job or member behind."""
+instructor (bob, through the ``instructor`` role) sees them on the workshop service's page (read from the hub's API
+and the queue, never from an attendee's server) while an attendee may not, and the clean-up leaves no server, job or
+member behind."""
 from __future__ import annotations
 
 import json
@@ -94,7 +95,13 @@ def test_ten_attendees_prepared_spawn_within_the_limits_are_seen_by_the_instruct
         assert time.monotonic() < deadline, (status, report)
         time.sleep(2)
     assert sorted(r["user"] for r in rows) == names
-    assert all(r["state"] == "running" and r["partition"] == "cpu" and r["job_nodes"] and r["time_left"] for r in rows)
+    jobs = {line.split()[0]: line.split()[1] for line in subprocess.run(
+        ["squeue", "-h", "-u", ",".join(names), "-o", "%i %B"], capture_output=True, text=True, check=True).stdout.splitlines()}
+    assert {r["job_id"]: r["job_host"] for r in rows} == jobs, "the rows' jobs are not the attendees' jobs"
+    assert all(r["state"] == "running" and r["partition"] == "cpu" and r["job_state"] == "running: RUNNING"
+               and not r["error"] for r in rows), rows
+    left = [sum(int(part) * 60 ** i for i, part in enumerate(reversed(r["time_left"].split(":")))) for r in rows]
+    assert all(0 < s <= 2 * 3600 for s in left), f"walltime left beyond the group's 2 hours: {left}"
     status, page = hub.api("GET", "/services/hpcdl-workshop/", token=user_token(hub, "bob"))
     assert status == 200 and page.count("<tr>") == 11 and "10 servers running" in page
     status, _ = hub.api("GET", path, token=user_token(hub, names[1]))

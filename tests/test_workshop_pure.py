@@ -1,16 +1,25 @@
 """Workshop mode's pure parts: the attendee list, what runs as each attendee, the copy that keeps their edits, and
-the instructor's rows and page."""
+the instructor's rows and page from the hub's models and the queue, read once per refresh within a deadline."""
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
+from datetime import datetime, timezone
 
 import pytest
 
+from jupyter_hpcdl.batchsystems.scheduler import PENDING, RUNNING, JobInfo
+from jupyter_hpcdl.batchsystems.slurm import _SEP, Slurm
+from jupyter_hpcdl.spawner.commands import Result
+from jupyter_hpcdl.spawner.queue import JobQueue
 from jupyter_hpcdl.workshop.attendees import parse_attendees
 from jupyter_hpcdl.workshop.cli import attendee_steps
+from jupyter_hpcdl.workshop.hub import HubAPI, HubError
 from jupyter_hpcdl.workshop.place import place
+from jupyter_hpcdl.workshop.room import Room
 from jupyter_hpcdl.workshop.status import attendee_rows, render_page
 
 
@@ -46,21 +55,74 @@ def test_the_copy_keeps_what_the_attendee_has_and_skips_hidden_files(tmp_path):
     assert json.loads(out) == {"copied": [], "kept": ["01.ipynb", "data/a.csv"]}
 
 
-def test_rows_say_who_runs_what_and_how_far_and_the_page_escapes_them():
-    users = [{"name": "w02", "servers": {}},
-             {"name": "w01", "servers": {"": {"ready": True, "user_options": {"partition": "cpu", "nodes": 1,
-                                                                             "gpus_per_node": 0, "image": "os"}}}},
-             {"name": "w03", "servers": {"x<b>": {"ready": False, "pending": "spawn", "user_options": {}}}}]
-    allocations = {("w01", ""): {"job_id": "42", "nodes": ["node1"], "time_left": "1:59:00", "session": "training",
-                                 "ranks": [{"loss": 0.5, "samples_per_s": 100.0}, {"loss": 0.7, "samples_per_s": 90.0}]}}
-    rows = attendee_rows(users, allocations)
-    assert [(r.user, r.state) for r in rows] == [("w01", "running"), ("w02", "no server"), ("w03", "starting")]
-    w01 = rows[0]
-    assert (w01.job_id, w01.job_nodes, w01.session, w01.ranks) == ("42", "node1", "training", 2)
-    assert w01.loss == pytest.approx(0.6) and w01.samples_per_s == pytest.approx(190.0)
+def _users() -> list[dict]:
+    options = {"partition": "cpu", "nodes": 1, "gpus_per_node": 0, "image": "os", "walltime": "02:00:00"}
+    return [{"name": "w02", "servers": {}},
+            {"name": "w01", "servers": {"": {"ready": True, "started": "2026-12-05T10:00:00.000000Z",
+                                             "user_options": options, "state": {"job_id": "42", "job_host": "n1"}}}},
+            {"name": "w03", "servers": {"x<b>": {"ready": False, "pending": "spawn", "user_options": {},
+                                                 "state": {"job_id": "43"}}}},
+            {"name": "w04", "servers": {"": {"ready": True, "user_options": options}}}]  # no state: no scope
+
+
+def test_rows_say_who_runs_what_from_the_hub_and_the_queue_and_the_page_escapes_them():
+    jobs = {"42": JobInfo("42", RUNNING, "RUNNING", batch_host="node1"),
+            "43": JobInfo("43", PENDING, "PENDING", "Resources")}
+    now = datetime(2026, 12, 5, 10, 30, 15, tzinfo=timezone.utc)
+    rows = attendee_rows(_users(), jobs, now)
+    assert [(r.user, r.state) for r in rows] == [("w01", "running"), ("w02", "no server"), ("w03", "starting"),
+                                                 ("w04", "running")]
+    w01, _, w03, w04 = rows
+    assert (w01.job_id, w01.job_state, w01.job_host, w01.time_left) == ("42", "running: RUNNING", "node1", "1:29:45")
+    assert (w03.job_id, w03.job_state, w03.time_left) == ("43", "pending: PENDING (Resources)", "")
+    assert w04.job_id == "" and "admin:server_state" in w04.error
     page = render_page(rows, "room<4>")
     assert "x&lt;b&gt;" in page and "<b>" not in page and "room&lt;4&gt;" in page
-    assert "3 attendees, 1 servers running, 1 training now" in page and page.count("<tr>") == 4
+    assert "4 attendees, 2 servers running, 1 jobs waiting" in page and page.count("<tr>") == 5
+    unread = attendee_rows(_users(), None, now, listing_error="squeue did not answer in 15 s")
+    assert unread[0].job_id == "42" and unread[0].job_state == "" and "squeue did not answer" in unread[0].error
+
+
+def test_the_workshops_token_goes_to_the_hubs_api_only():
+    api = HubAPI("http://127.0.0.1:9", "secret")
+    for elsewhere in ("http://127.0.0.1:8000/user/w01/jupyter-hpcdl/allocation", "users/w01"):
+        with pytest.raises(ValueError, match="not a path of the hub's API"):
+            api.call("GET", elsewhere)
+    assert not hasattr(api, "allocation")
+
+
+class _Hub:
+    """The hub's side of a room (the bed's test runs the real one): members with servers, optionally slow."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay, self.reads = delay, 0
+
+    def members_with_servers(self, group: str) -> list[dict]:
+        self.reads += 1
+        time.sleep(self.delay)
+        return _users()
+
+
+def test_the_room_is_read_once_per_refresh_and_gives_up_naming_what_hung():
+    listings = []
+
+    async def squeue(argv, timeout):
+        listings.append(argv)
+        return Result(tuple(argv), 0, _SEP.join(["42", "RUNNING", "None", "N/A", "node1", "w01"]) + "\n", "")
+
+    async def main():
+        hub = _Hub()
+        room = Room(hub, "workshop", JobQueue(Slurm(), interval=60, runner=squeue), max_age=60)
+        first, again = await room.rows(), await room.rows()
+        assert first is again and hub.reads == 1 and len(listings) == 1
+        assert [r.job_state for r in first if r.user == "w01"] == ["running: RUNNING"]
+        hung = Room(_Hub(delay=2), "workshop", JobQueue(Slurm(), interval=60, runner=squeue), deadline=0.3)
+        t0 = time.monotonic()
+        with pytest.raises(HubError, match="no reading of group workshop within 0 s.*squeue"):
+            await hung.rows()
+        assert time.monotonic() - t0 < 1.5
+
+    asyncio.run(main())
 
 
 def test_a_managed_service_ends_with_the_hub_that_started_it():

@@ -1,16 +1,17 @@
 """``hpcdl-workshop``: prepare a workshop's attendees ahead of time, see how they are doing, clean up after.
 
 Run by the hub's administrator, where the hub runs, with the spawner's way of acting as a user (``--exec-prefix``,
-by default ``sudo -n -u {username}``) and a hub token with ``admin:groups`` and ``admin:servers`` in
-``JUPYTERHUB_API_TOKEN``::
+by default ``sudo -n -u {username}``) and a hub token with ``admin:groups`` and ``admin:servers`` (which includes
+the servers' state, where the spawner keeps each job's id) in ``JUPYTERHUB_API_TOKEN``::
 
     hpcdl-workshop prepare --attendees room.txt --group workshop --image hpcdl/os:latest --material notebooks/
-    hpcdl-workshop status --group workshop          # the instructor's page shows the same, live
+    hpcdl-workshop status --group workshop --scheduler slurm   # the instructor's page shows the same, live
     hpcdl-workshop cleanup --group workshop         # servers stopped (their jobs end), the group emptied
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shlex
@@ -23,10 +24,13 @@ from pathlib import Path
 
 from jupyter_hpcdl.containers.spec import check_image_ref
 
+from ..batchsystems.scheduler import load_scheduler
 from ..spawner.commands import as_user
+from ..spawner.queue import JobQueue
 from .attendees import check_accounts, parse_attendees
 from .hub import HubAPI, HubError
-from .status import COLUMNS, collect
+from .room import Room
+from .status import COLUMNS
 
 STEP_TIMEOUT_S = 600  # one attendee's pull, container or copy
 
@@ -73,9 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcdl-workshop", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--hub-url", default=os.environ.get("JUPYTERHUB_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--group", required=True, help="the workshop's JupyterHub group (its limits: SiteProfile.limits)")
+    group_help = "the workshop's JupyterHub group (its limits: SiteProfile.limits)"
+    p.add_argument("--group", help=group_help)
+    each = argparse.ArgumentParser(add_help=False)  # --group also after the command, as the examples write it
+    each.add_argument("--group", dest="command_group", metavar="GROUP", help=group_help)
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("prepare", help="pull, create the container, copy the material, add to the group")
+    s = sub.add_parser("prepare", parents=[each], help="pull, create the container, copy the material, add to the group")
     s.add_argument("--attendees", required=True, help="a file with one user name per line")
     s.add_argument("--image", required=True, help="the image reference every attendee needs, e.g. hpcdl/os:latest")
     s.add_argument("--material", help="a directory (readable by the attendees) copied into each home")
@@ -83,21 +90,27 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--python", default=sys.executable, help="the jupyter-hpcdl environment's Python")
     s.add_argument("--exec-prefix", default="sudo -n -u {username}", help="how to run a command as an attendee")
     s.add_argument("--parallel", type=int, default=4, help="attendees prepared at once")
-    t = sub.add_parser("status", help="who runs what and how far")
+    t = sub.add_parser("status", parents=[each], help="who runs what: servers, jobs, walltime left")
     t.add_argument("--json", action="store_true")
-    c = sub.add_parser("cleanup", help="stop the group's servers (their jobs end) and empty the group")
+    t.add_argument("--scheduler", default="slurm",
+                   help="the batch system's adapter, as the spawner names it (slurm, gridengine, pbs, lsf)")
+    c = sub.add_parser("cleanup", parents=[each], help="stop the group's servers (their jobs end) and empty the group")
     c.add_argument("--keep-group", action="store_true", help="stop the servers but keep the members")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    args.group = args.command_group or args.group
+    if not args.group:
+        parser.error("the workshop's group is needed: --group NAME")
     try:
         api = HubAPI(args.hub_url, os.environ.get("JUPYTERHUB_API_TOKEN", ""))
         if args.cmd == "prepare":
             return _prepare(api, args)
         if args.cmd == "status":
-            rows = collect(api, args.group)
+            rows = asyncio.run(Room(api, args.group, JobQueue(load_scheduler(args.scheduler), timeout=15.0)).rows())
             if args.json:
                 print(json.dumps([r.as_dict() for r in rows], indent=1))
             else:

@@ -1,11 +1,12 @@
 """The few JupyterHub REST calls workshop mode makes (httpx, with deadlines); the token comes from the environment
-(``JUPYTERHUB_API_TOKEN``), never from a command line."""
+(``JUPYTERHUB_API_TOKEN``), never from a command line, and goes to the hub's API only."""
 from __future__ import annotations
 
 import time
 from typing import Any
 
 import httpx
+from urllib.parse import quote
 
 
 class HubError(RuntimeError):
@@ -22,7 +23,9 @@ class HubAPI:
     def call(self, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200, 201, 202, 204),
              missing_ok: bool = False) -> Any:
         """The JSON answer of a hub call (None for none, or for 404 where ``missing_ok``); HubError otherwise."""
-        url = path if path.startswith("http") else f"{self.url}/hub/api{path}"
+        if not path.startswith("/"):  # the hub's API only: never an attendee's server, which would get the token
+            raise ValueError(f"not a path of the hub's API: {path!r}")
+        url = f"{self.url}/hub/api{path}"
         try:
             r = self.client.request(method, url, json=body)
         except httpx.TimeoutException:
@@ -57,7 +60,12 @@ class HubAPI:
             self.call("DELETE", f"/groups/{group}/users", {"users": names})
 
     def user(self, name: str) -> dict:
-        return self.call("GET", f"/users/{name}")
+        return self.call("GET", f"/users/{quote(name, safe='')}")
+
+    def members_with_servers(self, group: str) -> list[dict]:
+        """The user models (with their servers, and the servers' state where the token may read it) of the
+        group's members."""
+        return [self.user(name) for name in self.members(group)]
 
     def stop_servers(self, name: str, timeout: float = 180.0) -> list[str]:
         """Stop every server of ``name`` (the spawner cancels each job) and wait until they are gone; their names."""
@@ -70,12 +78,3 @@ class HubAPI:
                 raise HubError(f"{name}'s servers {servers} were still there {timeout:.0f} s after stopping them")
             time.sleep(1)
         return servers
-
-    def allocation(self, name: str, server: str = "") -> dict:
-        """What the server's extension says of its job and training session, or ``{"error": why}``."""
-        prefix = f"{self.url}/user/{name}/" + (f"{server}/" if server else "")
-        try:
-            return self.call("GET", prefix + "jupyter-hpcdl/allocation") or {"error": "no answer"}
-        except HubError as e:
-            return {"error": str(e).rsplit(": ", 1)[-1][:80] if "403" not in str(e) else
-                    "403: this service may not read the server (give its role access:servers!user=NAME)"}

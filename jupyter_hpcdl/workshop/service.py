@@ -1,25 +1,26 @@
 """The instructor's page: a JupyterHub service (started and proxied by the hub) that shows, for the members of a
-workshop's group, who runs what and how far — the server's state, partition and resources, the job, its nodes and
-walltime left, and the training session's state, ranks, loss and throughput. It reloads itself every 10 s;
-``api/status`` gives the same as JSON.
+workshop's group, who runs what — the server's state, partition, resources and image, the job, its state in the
+batch system, its first node and the walltime left. It reloads itself every 10 s; ``api/status`` gives the same as
+JSON. What it shows comes from the hub's API and one listing of the batch system's queue per refresh, never from an
+attendee's server (code the attendee controls, which would get the service's token).
 
 Who may see it is JupyterHub's to say: the service admits users (and their tokens) holding the scope
 ``access:services!service=<name>``, e.g. through an ``instructor`` role. What it reads it reads with its own token,
-whose role the site grants (``read:groups``, ``read:users``, ``read:servers``, and ``access:servers!user=<name>``
-for each attendee: single-user servers do not resolve ``!group=`` filters, a documented limit of JupyterHub):
+whose role the site grants: the group, its members and their servers, and the servers' state (where the spawner
+keeps the job's id), for that group only; no access to any server:
 
     c.JupyterHub.services = [{"name": "hpcdl-workshop", "url": "http://127.0.0.1:10101", "oauth_no_confirm": True,
-                              "command": [sys.executable, "-m", "jupyter_hpcdl.workshop.service", "--group", "workshop"]}]
+                              "command": [sys.executable, "-m", "jupyter_hpcdl.workshop.service",
+                                          "--group", "workshop", "--scheduler", "slurm"]}]
     c.JupyterHub.load_roles = [
         {"name": "hpcdl-workshop", "services": ["hpcdl-workshop"],
-         "scopes": ["read:groups", "list:users", "read:users", "read:servers",
-                    *[f"access:servers!user={name}" for name in attendees]]},
+         "scopes": ["read:groups!group=workshop", "read:users!group=workshop", "read:servers!group=workshop",
+                    "admin:server_state!group=workshop"]},
         {"name": "instructor", "users": ["teacher"], "scopes": ["access:services!service=hpcdl-workshop"]}]
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ctypes
 import json
 import os
@@ -32,17 +33,20 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado import ioloop, web
 
+from ..batchsystems.scheduler import load_scheduler
+from ..spawner.queue import JobQueue
 from .hub import HubAPI, HubError
-from .status import collect, render_page
+from .room import Room
+from .status import render_page
 
 
 class _Page(HubOAuthenticated, web.RequestHandler):
-    def initialize(self, api: HubAPI, group: str) -> None:
-        self.api, self.group = api, group
+    def initialize(self, room: Room) -> None:
+        self.room, self.group = room, room.group
 
     async def rows(self):
         try:
-            return await asyncio.to_thread(collect, self.api, self.group)
+            return await self.room.rows()
         except HubError as e:
             raise web.HTTPError(502, f"the hub did not answer the workshop service: {e}") from None
 
@@ -60,8 +64,8 @@ class StatusHandler(_Page):
         self.write(json.dumps({"group": self.group, "attendees": [r.as_dict() for r in await self.rows()]}))
 
 
-def make_app(api: HubAPI, group: str, prefix: str) -> web.Application:
-    args = {"api": api, "group": group}
+def make_app(room: Room, prefix: str) -> web.Application:
+    args = {"room": room}
     return web.Application([
         (prefix, PageHandler, args),
         (url_path_join(prefix, "api/status"), StatusHandler, args),
@@ -88,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jupyter_hpcdl.workshop.service", description=__doc__.split("\n\n")[0])
     p.add_argument("--group", required=True, help="the workshop's JupyterHub group")
     p.add_argument("--hub-url", default=os.environ.get("JUPYTERHUB_PUBLIC_URL", "http://127.0.0.1:8000"),
-                   help="the hub's public URL (the proxy), through which the attendees' servers are reached")
+                   help="the hub's URL, whose API the service reads")
+    p.add_argument("--scheduler", default="slurm",
+                   help="the batch system's adapter, as the spawner names it (slurm, gridengine, pbs, lsf)")
     p.add_argument("--no-exit-with-hub", dest="exit_with_hub", action="store_false",
                    help="keep running when the hub that started this service ends (by default a service the hub "
                         "manages ends with it)")
@@ -96,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.exit_with_hub and os.environ.get("JUPYTERHUB_SERVICE_NAME"):  # a service the hub started and manages
         end_with_parent()
     url = urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
-    app = make_app(HubAPI(args.hub_url, os.environ["JUPYTERHUB_API_TOKEN"]), args.group,
-                   os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/hpcdl-workshop/"))
+    queue = JobQueue(load_scheduler(args.scheduler), interval=5.0, timeout=15.0)
+    room = Room(HubAPI(args.hub_url, os.environ["JUPYTERHUB_API_TOKEN"]), args.group, queue)
+    app = make_app(room, os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/hpcdl-workshop/"))
     app.listen(url.port or 80, url.hostname or "127.0.0.1")  # the address the hub gave: loopback on the bed
     ioloop.IOLoop.current().start()
     return 0
