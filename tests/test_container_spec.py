@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from jupyter_hpcdl.containers.errors import InvalidSpec, ModeNotSupported, MountNotAllowed
+from jupyter_hpcdl.containers.nsexec import CONTAINER_FAILURE, ContainerFailed, resolve_in_root
 from jupyter_hpcdl.containers.spec import (
     Mount, RunSpec, SitePolicy, UdockerInstall, build_create_command, build_pull_command, build_run_command,
     build_setup_command, check_image_ref, check_mode, check_run_spec, container_name_for, env_file_text, udocker_env,
@@ -187,3 +188,32 @@ def test_the_fast_paths_launcher_finds_the_c_library_without_running_ldconfig():
             "print('ctypes.util' in sys.modules, all(hasattr(m._libc, n) for n in ('unshare', 'mount', 'prctl')))")
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code, NSEXEC], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def test_paths_resolve_inside_the_container_root_as_the_container_sees_them(tmp_path):
+    root = tmp_path / "root"
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "lib").symlink_to("usr/lib")
+    (root / "home").symlink_to("/srv/homes")  # absolute: from the container's root, not the host's
+    (root / "up").symlink_to("../../../../..")  # never above the root
+    (root / "loop").symlink_to("loop")
+    assert resolve_in_root(str(root), "/lib/x.so") == f"{root}/usr/lib/x.so"
+    assert resolve_in_root(str(root), "/home/alice/data") == f"{root}/srv/homes/alice/data"
+    assert resolve_in_root(str(root), "/up/etc/passwd") == f"{root}/etc/passwd"
+    assert resolve_in_root(str(root), "/../../etc") == f"{root}/etc"
+    with pytest.raises(ContainerFailed, match="more than 40 symbolic links") as e:
+        resolve_in_root(str(root), "/loop/x")
+    assert str(e.value).startswith(CONTAINER_FAILURE)
+
+
+def test_a_mount_is_judged_where_its_links_lead(tmp_path):
+    allowed = tmp_path / "scratch"
+    allowed.mkdir()
+    (allowed / "etc").symlink_to("/etc")
+    policy = SitePolicy(allowed_mount_roots=(str(allowed),), home="/home/alice")
+    with pytest.raises(MountNotAllowed, match="mount of /etc is not allowed"):
+        check_run_spec(RunSpec("c1", ["true"], mounts=[Mount(str(allowed / "etc"))]), policy)
+    (allowed / "data").mkdir()
+    (allowed / "here").symlink_to("data")
+    spec = check_run_spec(RunSpec("c1", ["true"], mounts=[Mount(str(allowed / "here"), "/d")]), policy)
+    assert spec.mounts[0].host_path == str(allowed / "data")

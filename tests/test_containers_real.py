@@ -3,6 +3,7 @@ name, whole-tree stop, and a clear error for each bad input before anything star
 path (user namespaces, no ptrace) and in P1 (the fast path turned off by the site's configuration)."""
 import glob
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -172,6 +173,38 @@ def test_a_mode_that_cannot_run_here_is_refused(ud):
 def test_mount_outside_the_site_roots_is_refused(ud, container):
     with pytest.raises(MountNotAllowed, match="must be under /tmp"):
         ud.start(RunSpec(container, ["true"], mounts=[Mount("/etc")]))
+
+
+def test_an_images_links_keep_binds_in_its_root_and_the_node_its_fast_path(bed, tmp_path):
+    """An image whose /home is a link to a host path and whose /etc/resolv.conf dangles: a mount through the link
+    lands inside the container root (nothing is made on the host), the dangling optional bind costs the node
+    nothing, and a mount source that links out of the allowed roots is judged where it leads."""
+    client = _client(bed, tmp_path / "repo")
+    client.import_tarball(sorted(glob.glob(f"{bed['cache']}/image/os-*.tar"))[0], "test/links:1")
+    container = client.ensure_container("test/links:1")
+    root = Path(client.container_dir(container)) / "ROOT"
+    escape = Path(f"/tmp/hpcdl-escape-{os.getpid()}")
+    shutil.rmtree(escape, ignore_errors=True)
+    shutil.rmtree(root / "home")
+    os.symlink(escape, root / "home")
+    (root / "etc/resolv.conf").unlink(missing_ok=True)
+    os.symlink("../run/hpcdl-nowhere/stub-resolv.conf", root / "etc/resolv.conf")
+    data = Path(f"/tmp/hpcdl-links-{os.getpid()}")
+    data.mkdir(exist_ok=True)
+    (data / "in.txt").write_text("through the link\n")
+    r = client.run(RunSpec(container, ["cat", "/home/alice/data/in.txt"], mounts=[Mount(str(data), "/home/alice/data")]),
+                   timeout=60)
+    assert (r.returncode, r.stdout) == (0, "through the link\n"), r.stderr
+    assert not escape.exists(), f"a bind target was made on the host, outside the container root: {escape}"
+    assert (root / escape.relative_to("/") / "alice/data").is_dir()
+    assert client.mode_for(container).mode == "userns" and "P1" not in r.stderr, r.stderr
+    link = Path(f"/tmp/hpcdl-link-{os.getpid()}")
+    link.unlink(missing_ok=True)
+    os.symlink("/etc", link)
+    with pytest.raises(MountNotAllowed, match="mount of /etc is not allowed"):
+        client.start(RunSpec(container, ["true"], mounts=[Mount(str(link), "/host")]))
+    link.unlink()
+    shutil.rmtree(data)
 
 
 def test_missing_tarball_is_named(ud):

@@ -88,14 +88,57 @@ def enter_namespaces(uid: int, gid: int) -> None:
     _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making the mounts private")
 
 
+class ContainerFailed(Failed):
+    """A step failed for this container's root (a bind target its image makes impossible, a root that is gone), not
+    for the node: the message starts with :data:`CONTAINER_FAILURE`, and the node keeps the fast path."""
+
+    def __init__(self, message: str):
+        super().__init__(CONTAINER_FAILURE + message)
+
+
+CONTAINER_FAILURE = "container: "
+MAX_LINKS = 40  # as the kernel's own limit on links followed in one path
+
+
+def resolve_in_root(root: str, path: str) -> str:
+    """The host path of ``path`` inside the container root ``root``, its symbolic links followed as the container
+    sees them: an absolute link starts again at ``root``, and ``..`` never climbs above it (what ``openat2`` with
+    ``RESOLVE_IN_ROOT`` does). Components that do not exist yet are kept as they are written."""
+    pending = [p for p in path.split("/") if p not in ("", ".")]
+    done: list[str] = []
+    links = 0
+    while pending:
+        part = pending.pop(0)
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        here = os.path.join(root, *done, part)
+        if os.path.islink(here):
+            links += 1
+            if links > MAX_LINKS:
+                raise ContainerFailed(f"{path} in the container: more than {MAX_LINKS} symbolic links")
+            target = os.readlink(here)
+            if target.startswith("/"):
+                done = []
+            pending = [p for p in target.split("/") if p not in ("", ".")] + pending
+            continue
+        done.append(part)
+    return os.path.join(root, *done)
+
+
 def bind(source: str, target: str, readonly: bool = False) -> None:
-    """``source`` at ``target`` (created first: a directory or an empty file, as the source is)."""
-    if not os.path.lexists(target):
-        if os.path.isdir(source):
-            os.makedirs(target, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            open(target, "a").close()
+    """``source`` at ``target`` (a host path without links, see :func:`resolve_in_root`; created first: a
+    directory or an empty file, as the source is)."""
+    try:
+        if not os.path.lexists(target):
+            if os.path.isdir(source):
+                os.makedirs(target, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                open(target, "a").close()
+    except OSError as e:  # the image has something else there: the container's matter, not the node's
+        raise ContainerFailed(f"making the bind target {target}: {e}") from None
     _check(_libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None),
            f"binding {source} at {target}")
     if readonly:
@@ -109,15 +152,21 @@ def prepare(plan: dict) -> None:
     root = plan["root"]
     enter_namespaces(plan["uid"], plan["gid"])
     for b in plan["binds"]:
-        if os.path.lexists(b["source"]):
-            bind(b["source"], os.path.join(root, b["target"].lstrip("/")), b.get("readonly", False))
-        elif b.get("required", True):
-            raise Failed(f"the bind source {b['source']} does not exist")
+        required = b.get("required", True)
+        if not os.path.lexists(b["source"]):
+            if required:
+                raise Failed(f"the bind source {b['source']} does not exist")
+            continue
+        try:
+            bind(b["source"], resolve_in_root(root, b["target"]), b.get("readonly", False))
+        except Failed:
+            if required:  # an optional one (e.g. /etc/resolv.conf where the image has an odd link) is left out
+                raise
     try:
         os.chroot(root)
         os.chdir(plan.get("workdir") or "/")
     except OSError as e:
-        raise Failed(f"entering the container root {root}: {e}") from None
+        raise ContainerFailed(f"entering the container root {root}: {e}") from None
     if plan.get("cpus"):
         os.sched_setaffinity(0, plan["cpus"])
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)

@@ -138,10 +138,12 @@ def _check_path(path: str, what: str) -> str:
 
 
 def check_mount(mount: Mount, policy: SitePolicy) -> Mount:
-    """Refuse a mount whose host path (after '..' is resolved) is outside every allowed root."""
-    host = _check_path(mount.host_path, "mount host path")
+    """Refuse a mount whose host path is outside every allowed root, judged with its links and '..' resolved (a
+    link under an allowed root that points elsewhere is refused); the mount keeps the resolved path, so what is
+    judged is what is bound."""
+    host = os.path.realpath(_check_path(mount.host_path, "mount host path"))
     target = _check_path(mount.target, "mount container path")
-    roots = policy.roots()
+    roots = [os.path.realpath(r) for r in policy.roots()]
     if not any(host == r or host.startswith(r.rstrip("/") + "/") for r in roots):
         raise MountNotAllowed(
             f"mount of {host} is not allowed on this site: host paths must be under {', '.join(roots)}"

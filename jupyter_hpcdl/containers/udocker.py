@@ -20,6 +20,7 @@ from ..atomic import write_json
 from . import quickstart
 from .nvidia import OPTIONAL_FILE_ERROR, container_has_driver, host_has_nvidia, repair_driver_links, where_libcuda_points
 from .fastpath import Decision, cache_file, decide, known, launch, record_failure
+from .nsexec import CONTAINER_FAILURE
 from .runner import ContainerProcess, private_env_file
 from .spec import (
     FAST_MODE,
@@ -296,9 +297,13 @@ class Udocker:
                 return proc
             if self.policy.fast_path == FAST_MODE:
                 raise ModeNotSupported(f"the fast path failed to start {spec.command[0]}: {why}")
-            record_failure(self.env()["UDOCKER_DIR"], why)
-            print(f"hpcdl-containers: the fast path failed on this node ({why}); running in P1 instead",
-                  file=sys.stderr, flush=True)
+            if why.startswith(CONTAINER_FAILURE):  # this container's root, not the node: the node keeps the fast path
+                print(f"hpcdl-containers: the fast path cannot run container {spec.container} "
+                      f"({why[len(CONTAINER_FAILURE):]}); running it in P1 instead", file=sys.stderr, flush=True)
+            else:
+                record_failure(self.env()["UDOCKER_DIR"], why)
+                print(f"hpcdl-containers: the fast path failed on this node ({why}); running in P1 instead",
+                      file=sys.stderr, flush=True)
         environ = {**self.environ, MODE_ENV: self.install.default_mode}
         spec = replace(spec, env_names=(*spec.env_names, MODE_ENV))
         private_dir, env_file = private_env_file(env_file_text(spec.env_names, environ))
