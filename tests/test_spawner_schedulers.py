@@ -194,6 +194,14 @@ try:
 finally:
     new.close()
 code = "import sys, horovod.tensorflow as hvd; hvd.init(); print('rank', hvd.rank(), 'of', hvd.size(), flush=True); sys.exit(3 * hvd.rank())"
+refused = []
+for ask in (dict(partition="nosuch"), dict(nodes=99, partition="gpu")):  # outside the form's limits: nothing is made
+    try:
+        BatchRun.submit(command=["true"], ranks=2, walltime=5, name="refused", **ask)
+    except ValueError as e:
+        refused.append(str(e))
+from jupyter_hpcdl.containers.kernelspec import kernel_image
+out.update(refused=refused, kernel_image=kernel_image())
 run = BatchRun.submit(command=["python3", "-c", code], ranks=2, nodes=2, walltime=5, partition="gpu", name="both")
 ended = run.wait(timeout=300, every=2, show=False)
 result = run.result()
@@ -230,3 +238,8 @@ def test_the_notebooks_training_new_allocation_and_batch_run_work_the_same(site,
     assert not left, f"engines outlived their jobs: {left}"
     assert "rank 0 of 2" in result["batch_output"] and "rank 1 of 2" in result["batch_output"], result["batch_output"]
     assert result["batch_code"] in (3, 137, 143) and result["batch_state"] == "FAILED", result
+    # the form's limits hold for the jobs the kernel submits, with the form's messages; ranks run in its image
+    partition, nodes = result["refused"]
+    assert "partition: 'nosuch' is not offered; choose one of: gpu" in partition and "kernel submits" in partition
+    assert "nodes: 99 is out of range" in nodes, result["refused"]
+    assert result["kernel_image"] == "hpcdl/base:latest", result

@@ -264,6 +264,8 @@ class GridEngine(Scheduler):
             lines.append(f"-q {job.partition}")
         if job.account is not None:
             lines.append(f"-A {job.account}")
+        if job.reservation:
+            lines.append(f"-ar {job.reservation}")
         return lines
 
     def submit_file_argv(self, path: str) -> list[str]:

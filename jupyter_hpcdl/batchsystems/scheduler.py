@@ -17,6 +17,7 @@ PENDING, RUNNING, ENDED = "pending", "running", "ended"
 #: The hub's configuration of the adapter, handed to its jobs (JSON: ``{"GridEngine": {"pe_multi_node": ...}}``), so
 #: that the jobs a kernel submits get the site's directives, prologue and names as the hub's do.
 CONFIG_ENV = "HPCDL_SCHEDULER_CONFIG"
+OFFER_ENV = "HPCDL_OFFER"  # in a server's job: what its user may ask for (the hub's SiteProfile, narrowed for them)
 #: The scheduler could not be asked (an error or a timeout): the job may be anywhere. Never the same as ended.
 UNKNOWN = "unknown"
 
@@ -89,6 +90,7 @@ class RankJob:
     partition: str | None = None
     account: str | None = None
     gpus_per_rank: int = 0
+    reservation: str | None = None  # the site's, from the user's or group's limits
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,8 @@ class Slurm(Scheduler):
             lines.append(f"--account={job.account}")
         if job.gpus_per_rank:
             lines.append(f"--gpus-per-task={job.gpus_per_rank}")
+        if job.reservation:
+            lines.append(f"--reservation={job.reservation}")
         return lines
 
     def submit_file_argv(self, path: str) -> list[str]:

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .spec import check_image_ref
 
-#: Variables a containerized kernel gets by name: its GPUs and the allocation it runs in.
-KERNEL_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES",
+#: The image a containerized kernel runs in (its kernelspec sets it): what the ranks it starts run in unless told.
+IMAGE_ENV = "HPCDL_IMAGE"
+DEFAULT_IMAGE = "hpcdl/base:latest"  # where a kernel runs in no container of ours
+#: Variables a containerized kernel gets by name: its GPUs, the allocation it runs in and its image.
+KERNEL_ENV = (IMAGE_ENV, "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES",
               "SLURM_JOB_PARTITION", "SLURMD_NODENAME", "HPCDL_ALLOCATION_FILE", "HPCDL_JOB_ID",
               "HPCDL_NODE")
 
@@ -28,7 +31,12 @@ def container_kernelspec(image: str, host_python: str, display_name: str | None 
     argv = in_container_argv(image, host_python, env_names,
                              ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"])
     return {"argv": argv, "display_name": display_name or f"Python 3 ({image}, container)", "language": "python",
-            "interrupt_mode": "signal", "metadata": {"jupyter_hpcdl": {"image": image}}}
+            "env": {IMAGE_ENV: image}, "interrupt_mode": "signal", "metadata": {"jupyter_hpcdl": {"image": image}}}
+
+
+def kernel_image(environ: Mapping[str, str] = os.environ) -> str:
+    """The image this kernel runs in (as its kernelspec says), else :data:`DEFAULT_IMAGE`."""
+    return environ.get(IMAGE_ENV) or DEFAULT_IMAGE
 
 
 def write_kernelspec(kernels_dir: str, name: str, spec: dict) -> str:

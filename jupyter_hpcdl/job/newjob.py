@@ -27,6 +27,7 @@ class NewAllocation:
     partition: str | None = None
     account: str | None = None
     gpus_per_rank: int = 0
+    reservation: str | None = None  # the site's (from the job's offer), never the user's
 
 
 def _whole(kind: str, value, low: int, high: int) -> int:
@@ -42,7 +43,8 @@ def rank_job(alloc: NewAllocation, ranks: int, job_name: str, output: str, workd
     gpus = _whole("gpus_per_rank", alloc.gpus_per_rank, 0, 16)
     return RankJob(job_name, nodes, ranks, parse_walltime(alloc.walltime), output, workdir,
                    None if alloc.partition is None else check_name("partition", alloc.partition),
-                   None if alloc.account is None else check_name("account", alloc.account), gpus)
+                   None if alloc.account is None else check_name("account", alloc.account), gpus,
+                   None if alloc.reservation is None else check_name("reservation", alloc.reservation))
 
 
 def _prologue(sched: Scheduler) -> list[str]:

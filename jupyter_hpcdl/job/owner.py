@@ -260,6 +260,8 @@ class AllocationOwner:
             return {"in_job": False, "job_id": None,
                     "message": "Not in a batch job: this server runs outside a batch system, so training sessions "
                                "start their ranks as local engines on this machine."}
+        from ..batchsystems.scheduler import OFFER_ENV
+
         hosts = await self.hosts()
         out = await run_command_async(self.sched.resources_argv(self.job_id), QUERY_TIMEOUT_S, self.environ)
         found = _resources(self.sched, out)
@@ -268,7 +270,8 @@ class AllocationOwner:
         if found is not None:
             gpus = found.gpus_per_node if found.gpus_per_node is not None else (found.gpus_per_task or 0) * hosts[0][1]
         return {"in_job": True, "job_id": self.job_id, "scheduler": self.sched.name,
-                "scheduler_config": self.sched.job_config(), "nodes": [h for h, _ in hosts],
+                "scheduler_config": self.sched.job_config(), "offer": self.environ.get(OFFER_ENV, ""),
+                "nodes": [h for h, _ in hosts],
                 "slots": [n for _, n in hosts], "partition": found.partition if found else "",
                 "host_python": sys.executable, "gpus_per_node": gpus,
                 "time_left": found.time_left if found else "", "time_left_s": found.time_left_s if found else None,

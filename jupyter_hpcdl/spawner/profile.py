@@ -9,7 +9,8 @@ what every request is checked against. Configured the Jupyter way, e.g. in jupyt
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import json
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable
 
 from traitlets import Dict, Unicode, validate
@@ -90,6 +91,31 @@ class Profile:
         if not images:
             raise ValueError(f"the site's limits for {who} leave no image to offer: ask the site's admins")
         return replace(self, partitions=partitions, images=images)
+
+
+def offer_json(profile: Profile, user: str, partition: str, image: str, account: str | None) -> str:
+    """What ``user`` may ask for (``profile`` already narrowed for them), as JSON for their job: the jobs a kernel
+    submits from there are checked against it as the form checks a spawn. The job's own partition, image and
+    account come first, so that they are the defaults there."""
+    def first(names, chosen):
+        return sorted(names, key=lambda n: n != chosen)
+
+    accounts = first(profile.accounts_for(user), account)
+    return json.dumps({"partitions": [asdict(profile.partitions[n]) for n in first(profile.partitions, partition)],
+                       "images": [asdict(profile.images[n]) for n in first(profile.images, image)],
+                       "accounts": accounts}, separators=(",", ":"))
+
+
+def offer_profile(text: str) -> Profile:
+    """The :class:`Profile` that :func:`offer_json` wrote (ValueError if it is not that)."""
+    try:
+        data = json.loads(text)
+        partitions = {p["name"]: Partition(**{**p, "gpu_types": tuple(p.get("gpu_types", ()))})
+                      for p in data["partitions"]}
+        images = {i["name"]: Image(**i) for i in data["images"]}
+        return Profile(partitions, images, {"*": tuple(data.get("accounts", ()))})
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"the job's offer is not what the hub writes ({e})") from None
 
 
 class SiteProfile(Configurable):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .options import JobRequest
-from ..batchsystems.scheduler import CONFIG_ENV, Scheduler
+from ..batchsystems.scheduler import CONFIG_ENV, OFFER_ENV, Scheduler
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class ScriptContext:
     singleuser_cmd: Sequence[str] = ("jupyterhub-singleuser",)
     comment: str = ""  # the hub's mark (orphans.JobMark), already encoded to safe characters
     env_file: str = ""  # where the job finds its secrets, where the scheduler shows a job's environment to all
+    offer: str = ""  # what the user may ask for (profile.offer_json): the limits of the jobs a kernel submits
 
 
 def build_batch_script(req: JobRequest, scheduler: Scheduler, ctx: ScriptContext) -> str:
@@ -49,6 +50,9 @@ def build_batch_script(req: JobRequest, scheduler: Scheduler, ctx: ScriptContext
     if scheduler.job_config():
         lines += ["# the site's configuration of the batch system, for the jobs a kernel submits from here",
                   f"export {CONFIG_ENV}={shlex.quote(scheduler.job_config())}"]
+    if ctx.offer:
+        lines += ["# what this user may ask for (the form's limits): the jobs a kernel submits from here keep to it",
+                  f"export {OFFER_ENV}={shlex.quote(ctx.offer)}"]
     if scheduler.epilogue:  # the server runs as a child, so the site's epilogue runs after it, whatever its end
         lines += ["code=0", f"{run} || code=$?", "set +eu", "# the site's epilogue", *scheduler.epilogue, 'exit "$code"']
     else:

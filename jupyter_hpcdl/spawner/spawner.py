@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import sys
+from dataclasses import replace
 from functools import partial
 
 from jupyterhub.spawner import Spawner
@@ -31,7 +32,7 @@ from .envfile import env_file_path
 from .form import render_form
 from .orphans import JobMark, OrphanSweeper, check_hub_tag
 from .options import JobRequest, OptionsError, request_to_options, validate_options
-from .profile import Profile, SiteProfile
+from .profile import Profile, SiteProfile, offer_json
 from .queue import JobQueue, shared_queue
 from ..controls import escape_controls
 from ..batchsystems.scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo, Scheduler, load_scheduler
@@ -170,7 +171,8 @@ class HpcdlSpawner(Spawner):
                              env_file="" if self.scheduler.private_env else env_file_path(self.user_home(), self.name))
 
     def batch_script(self, req: JobRequest) -> str:
-        return build_batch_script(req, self.scheduler, self.script_context())
+        offer = offer_json(self.user_profile(), self.user.name, req.partition, req.image, req.account)
+        return build_batch_script(req, self.scheduler, replace(self.script_context(), offer=offer))
 
     def preview(self, raw: dict) -> dict:
         """What the form shows for ``raw`` options: the exact script and GPU-hours (ValueError if not allowed)."""

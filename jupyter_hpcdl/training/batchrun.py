@@ -14,6 +14,7 @@ labelled ``N: ``), ``status.json`` (the ranks' exit code, written when they end)
 run again: :meth:`BatchRun.attach`). The script runs in that directory, so what it writes there is collected too."""
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from typing import Sequence
 
 import psutil
 
+from ..containers.kernelspec import kernel_image
 from ..job.owner import SOCKET_ENV, owner_socket, request
 from ..atomic import write_json
 from ..jobvalues import check_name, parse_walltime
@@ -139,11 +141,11 @@ class BatchRun:
     def submit(cls, script: str | os.PathLike | None = None, args: Sequence[str] = (), *,
                command: Sequence[str] | None = None, ranks: int = 2, nodes: int = 1,
                walltime: str | int = "00:30:00", partition: str | None = None, account: str | None = None,
-               gpus_per_rank: int = 0, image: str = "hpcdl/base:latest", name: str = "batch",
+               gpus_per_rank: int = 0, image: str | None = None, name: str = "batch",
                directory: str | os.PathLike | None = None, where: str = "auto") -> "BatchRun":
         """Run the Python ``script`` with ``args`` (or any ``command``) as ``ranks`` Horovod ranks, each of which
         joins one world at ``hvd.init()``. In a job: ``nodes`` nodes, ``gpus_per_rank`` GPUs each, the ``walltime``,
-        ``partition`` and ``account`` of the new job, ranks in the container of ``image``. Locally: ``ranks``
+        ``partition`` and ``account`` of the new job, ranks in the container of ``image`` (by default the one this kernel runs in). Locally: ``ranks``
         processes, ended at the walltime. Returns once the run is submitted (or started), not when it ends."""
         where = _resolve(where)
         if (script is None) == (command is None):
@@ -169,6 +171,7 @@ class BatchRun:
         scheduler = None
         if where == "batch":  # build (and check) the script before anything is made
             from ..batchsystems.scheduler import owners_scheduler
+            from ..job.offer import within_offer
 
             sock = owner_socket()
             told = request(sock, "GET", "/allocation", timeout=QUERY_TIMEOUT_S)
@@ -176,8 +179,9 @@ class BatchRun:
                 raise RuntimeError("this kernel's server runs outside a batch job: there is no batch system to submit "
                                    "to; use where='local' for ranks on this machine")
             scheduler = told.get("scheduler") or "slurm"
-            text = batch_run_script(owners_scheduler(told), alloc, ranks, str(directory), told["host_python"], image,
-                                    command, f"hpcdl-batch-{name}")
+            offered = within_offer(alloc, ranks, image or kernel_image(), told.get("offer"), getpass.getuser())
+            text = batch_run_script(owners_scheduler(told), offered.alloc, ranks, str(directory), told["host_python"],
+                                    offered.image_ref, command, f"hpcdl-batch-{name}")
         elif not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= 256:
             raise ValueError(f"ranks must be a whole number from 1 to 256 on this machine, not {ranks!r}")
         directory.mkdir(parents=True, exist_ok=False)

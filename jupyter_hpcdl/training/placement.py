@@ -3,6 +3,7 @@
 controller and its engines, says which engine is which rank and where, and stops what it started."""
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from typing import Callable
 import ipyparallel as ipp
 import psutil
 
+from ..containers.kernelspec import DEFAULT_IMAGE
 from ..job.owner import SOCKET_ENV, job_time_left, owner_socket, request
 from ..job.newjob import NewAllocation, engines_job_template
 from ..job.world import hosts_from_tasks
@@ -40,7 +42,7 @@ class PlacementOptions:
     ranks: int
     start_timeout: float
     session_dir: str
-    image: str = "hpcdl/base:latest"
+    image: str = DEFAULT_IMAGE
     controller_ip: str | None = None
     engine_cmd: list[str] | None = None
     mpi: bool = False
@@ -253,10 +255,12 @@ class NewAllocationPlacement(Placement):
     def start(self, on_controller, get) -> Engines:
         from traitlets.config import Config
 
-        from ..batchsystems.scheduler import owners_scheduler
+        from ..batchsystems.scheduler import OFFER_ENV, owners_scheduler
+        from ..job.offer import within_offer
 
         o = self.options
         submit, python, sock = {}, sys.executable, owner_socket()
+        offer = os.environ.get(OFFER_ENV, "")
         sched = submitting_scheduler()
         if sched is None or not _client_here(sched):
             if not sock:
@@ -267,13 +271,14 @@ class NewAllocationPlacement(Placement):
             submit = {"submit_command": SUBMIT, "delete_command": CANCEL}  # the owner submits and cancels
             told = request(sock, "GET", "/allocation")
             python = told["host_python"]  # the job runs on the host
-            sched = owners_scheduler(told)
+            sched, offer = owners_scheduler(told), told.get("offer") or offer
         if sched.name not in ENGINE_LAUNCHERS:
             raise RuntimeError(f"where='new' has no ipyparallel launcher for {sched.name}")
         engines, launcher = ENGINE_LAUNCHERS[sched.name]
         addr = self._addr()
+        alloc = within_offer(o.new_allocation or NewAllocation(), o.ranks, o.image, offer, getpass.getuser()).alloc
         try:
-            template = engines_job_template(sched, o.new_allocation or NewAllocation(), o.ranks, python, o.mpi)
+            template = engines_job_template(sched, alloc, o.ranks, python, o.mpi)
         except (ValueError, NotImplementedError) as e:
             raise RuntimeError(f"the ranks' job cannot be written for {sched.name}: {e or 'not supported yet'}") from None
         config = Config({launcher: {

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import ipyparallel as ipp
 
+from ..containers.kernelspec import kernel_image
 from ..job.owner import request
 from ..job.newjob import NewAllocation, rank_job
 from . import rank as rank_side
@@ -102,12 +103,13 @@ class _Drive:
 class TrainingSession:
     def __init__(self, ranks: int = 2, iface: str | None = None, tf_threads: int = 1, env: dict | None = None,
                  engine_cmd: list[str] | None = None, start_timeout: float = 120, where: str = "auto",
-                 image: str = "hpcdl/base:latest", controller_ip: str | None = None, containers: bool = False,
+                 image: str | None = None, controller_ip: str | None = None, containers: bool = False,
                  new_allocation: NewAllocation | None = None, world: str = "gloo", stall_timeout: float = 60,
                  call_timeout: float = 600, stop_grace: float = 30, walltime_margin: float = DEFAULT_MARGIN,
                  checkpoint_dir: str = "~/.jupyter-hpcdl/checkpoints"):
         """``where``: "local" (engines on this machine), "allocation" (one engine per rank across the nodes of the
-        batch job this kernel runs in, each in the user's container for ``image``), "new" (a new batch job for the
+        batch job this kernel runs in, each in the user's container for ``image``: by default the image this kernel
+        runs in), "new" (a new batch job for the
         ranks, as ``new_allocation`` asks, submitted from here: needs the scheduler's client), or "auto" (the
         allocation when the job's owner is reachable, else local). ``world``: the ranks join over "gloo" (a
         rendezvous the session owns; needs nothing from the site) or "mpi" (engines started by mpiexec locally, or
@@ -133,7 +135,7 @@ class TrainingSession:
             rank_job(self.new_allocation, ranks, "check", "/check")  # bad values fail here, not at start
         self.ranks = ranks
         self.where = where
-        self.image = image
+        self.image = image = image or kernel_image()
         self.controller_ip = controller_ip
         self.iface = iface
         self.env = {"TF_CPP_MIN_LOG_LEVEL": "2", "HPCDL_TF_THREADS": str(tf_threads), **(env or {})}
