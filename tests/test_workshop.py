@@ -1,7 +1,8 @@
 """Workshop mode on the bed: an instructor prepares ten attendees from a list (image, container, the notebooks in each
 home, the workshop's group), they all spawn with the group's limits (the CPU partition, the small image), the
 instructor (bob, through the ``instructor`` role) sees them on the workshop service's page (read from the hub's API
-and the queue, never from an attendee's server) while an attendee may not, and the clean-up leaves no server, job or
+and the queue, never from an attendee's server: one that records every request's headers is sent no credential while
+the instructor looks) while an attendee may not, and the clean-up leaves no server, job or
 member behind."""
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import os
 import pwd
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,12 +37,46 @@ def user_token(hub: Hub, user: str) -> str:
     return body["token"]
 
 
+# An attendee's server is code the attendee controls: this one (their own Jupyter config) records every request's
+# headers, as a curious attendee might, to see whether the instructor's page hands it a token.
+RECORDER = r'''
+import json, os
+def _record(handler):
+    with open(os.path.expanduser("~/hpcdl-headers.jsonl"), "a") as f:
+        f.write(json.dumps({"path": handler.request.path, "headers": dict(handler.request.headers)}) + "\n")
+c.ServerApp.tornado_settings = {"log_function": _record}
+'''
+
+
+def recorder(name: str):
+    """The header recorder in ``name``'s Jupyter config, and where it writes."""
+    home = Path(pwd.getpwnam(name).pw_dir)
+    config, log = home / ".jupyter" / "jupyter_server_config.py", home / "hpcdl-headers.jsonl"
+    config.parent.mkdir(exist_ok=True)
+    config.write_text(RECORDER)
+    for path in (config.parent, config):
+        os.chown(path, pwd.getpwnam(name).pw_uid, pwd.getpwnam(name).pw_gid)
+    log.unlink(missing_ok=True)
+    return config, log
+
+
+def marker(bed, name: str, mark: str) -> None:
+    """A request through the proxy to ``name``'s server that the recorder notes (no credentials)."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{bed['hub_url']}/user/{name}/api/status",
+                                                      headers={"X-Hpcdl-Mark": mark}), timeout=30).close()
+    except urllib.error.HTTPError:
+        pass  # refused without credentials, as it should be: the recorder saw it first
+
+
 @pytest.fixture
 def attendees(bed, tmp_path):
     names = bed["workshop_users"][:10]
     listing = tmp_path / "room.txt"
     listing.write_text("# the room\n" + "\n".join(names) + "\n\n" + names[0] + "  # twice: once is enough\n")
     yield names, listing
+    for name in names:  # the header recorder, also when the test failed half-way
+        (Path(pwd.getpwnam(name).pw_dir) / ".jupyter" / "jupyter_server_config.py").unlink(missing_ok=True)
     done = workshop(bed, "cleanup")  # also when the test failed half-way
     assert done.returncode == 0, done.stderr
 
@@ -68,6 +105,7 @@ def test_ten_attendees_prepared_spawn_within_the_limits_are_seen_by_the_instruct
     assert "My edited training" in notebook.read_text(), "a second prepare overwrote an attendee's edits"
     assert sorted(hub.api("GET", f"/hub/api/groups/{GROUP}")[1]["users"]) == names
 
+    config, headers = recorder(names[2])
     # the group's limits: the CPU partition and the small image, 2 hours at most
     status, body = hub.api("POST", f"/hub/api/users/{names[0]}/server", {"partition": "gpu"})
     assert status == 400 and "choose one of: cpu" in body["message"], body
@@ -85,6 +123,7 @@ def test_ten_attendees_prepared_spawn_within_the_limits_are_seen_by_the_instruct
     # the instructor's page: bob may see it, an attendee may not
     for name in names:
         hub.wait_routed(name)
+    marker(bed, names[2], "before")  # from here on, the recorder must see no credential of anyone
     path = "/services/hpcdl-workshop/api/status"
     deadline = time.monotonic() + 60
     while True:
@@ -106,6 +145,20 @@ def test_ten_attendees_prepared_spawn_within_the_limits_are_seen_by_the_instruct
     assert status == 200 and page.count("<tr>") == 11 and "10 servers running" in page
     status, _ = hub.api("GET", path, token=user_token(hub, names[1]))
     assert status == 403, "an attendee could read the instructor's page"
+    listed = workshop(bed, "status", timeout=120)
+    assert listed.returncode == 0 and listed.stdout.count("partition=cpu") == 10, listed.stdout + listed.stderr
+    marker(bed, names[2], "after")
+    deadline = time.monotonic() + 30  # the server notes a request once it has answered it
+    while True:
+        seen = [json.loads(line) for line in headers.read_text().splitlines()]
+        marks = [i for i, r in enumerate(seen) if r["headers"].get("X-Hpcdl-Mark") in ("before", "after")]
+        if len(marks) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(marks) == 2, f"the control failed: the recorder did not see both marks: {seen}"
+    between = seen[marks[0]:marks[1] + 1]
+    credentials = [r for r in between if {"Authorization", "Cookie"} & set(r["headers"]) or "token" in r["path"]]
+    assert credentials == [], f"a credential reached an attendee's server while the instructor looked: {credentials}"
 
     # the clean-up: no server, no job, no member
     done = workshop(bed, "cleanup")
