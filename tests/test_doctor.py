@@ -203,7 +203,7 @@ def test_healthy_bed_passes(bed, alice):
     rc, report = doctor(bed)
     assert rc == 0 and report["status"] == OK, json.dumps(report, indent=1)
     s = statuses(report)
-    for check in ("batch system", "hub API", "shared home", "hub callback", "udocker", "GPUs"):
+    for check in ("batch system", "hub API", "sudo rule", "shared home", "hub callback", "udocker", "GPUs"):
         assert s[check] == [OK], check
     n_images = len(bed_images(bed))
     for check in ("image", "image versions"):  # one finding for each image of the catalogue
@@ -211,6 +211,18 @@ def test_healthy_bed_passes(bed, alice):
     assert s["NVIDIA libraries"] == [SKIP]
     assert not list(Path(alice.home, ".jupyter-hpcdl/doctor").glob("*")), "the exchange directory was left behind"
     assert no_jobs_of_alice()
+
+
+@pytest.mark.testbed
+def test_a_hub_account_without_the_sudo_rule_is_told_what_is_missing(bed):
+    """The bed's hub account (the owner of its configuration) has the rule; bob, named as the hub's account, has
+    none: the doctor names each command he may not run as alice and the command that prints the rule."""
+    rc, report = doctor(bed, "--no-job")
+    assert rc == 0 and find(report, "sudo rule", OK)["message"].startswith("hpcdl-hub may run"), report
+    rc, report = doctor(bed, "--no-job", "--hub-user", "bob")
+    f = find(report, "sudo rule")
+    assert rc == 1 and "bob may not run as alice" in f["message"] and "/usr/bin/sbatch" in f["message"], f
+    assert "jupyter_hpcdl.spawner.usertail" in f["message"] and "spawner.sudoers --hub-user bob" in f["fix"], f
 
 
 @pytest.mark.testbed

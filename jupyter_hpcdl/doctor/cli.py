@@ -23,6 +23,7 @@ from jupyter_hpcdl.containers.site import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV, 
 from jupyter_hpcdl.spawner.commands import as_user
 from jupyter_hpcdl.batchsystems.scheduler import JobRequest
 from jupyter_hpcdl.spawner.profile import Profile, SiteProfile
+from jupyter_hpcdl.spawner.sudoers import rule_for, user_commands
 from jupyter_hpcdl.batchsystems.scheduler import ENDED, Scheduler, load_scheduler
 
 from .assess import Expected, assess_node
@@ -196,6 +197,60 @@ def run_node_job(sched: Scheduler, target: Target, env: dict, probe_req: ProbeRe
                            f"the result (job {job_id})", where=facts.node)]
 
 
+def check_sudo_rule(hub_user: str | None, user: str, sched: Scheduler, timeout: float) -> Finding:
+    """Whether the hub's account may run, as ``user``, each command the hub runs as a user (``sudo -l -U``, as
+    root), keeping variables (SETENV), and not a shell, nor anything as root."""
+    if os.geteuid() != 0:
+        return Finding("sudo rule", SKIP, "not checked: only root may list another account's sudo rights")
+    if user == "root":
+        return Finding("sudo rule", SKIP, "not checked: it is checked for a user", "give --user USER")
+    if not hub_user:
+        return Finding("sudo rule", SKIP, "not checked: the hub's account is not known",
+                       "give --hub-user (the account the hub runs as)")
+    try:
+        pwd.getpwnam(hub_user)
+        rule = rule_for(hub_user, [sched.name])
+    except KeyError:
+        return Finding("sudo rule", FAIL, f"there is no account {hub_user!r}", "give the hub's account as --hub-user")
+    except ValueError as e:
+        return Finding("sudo rule", FAIL, str(e), "install the batch system's client where sudo looks for it")
+    fix = f"install the rule of `python -m jupyter_hpcdl.spawner.sudoers --hub-user {hub_user} --scheduler " \
+          f"{sched.name}` in /etc/sudoers.d/ (docs/admin.md)"
+
+    def allowed(runas: str, argv: list[str]) -> bool:
+        r = subprocess.run(["sudo", "-n", "-l", "-U", hub_user, "-u", runas, *argv], capture_output=True, text=True,
+                           timeout=timeout)
+        return r.returncode == 0
+
+    try:
+        missing = [" ".join(argv) for argv in user_commands(rule)
+                   if not allowed(user, argv + (["x"] if argv[0] == rule.python else []))]
+        listing = subprocess.run(["sudo", "-n", "-l", "-U", hub_user], capture_output=True, text=True,
+                                 timeout=timeout).stdout
+        too_much = [what for what, runas, argv in (("a shell as the users", user, ["/bin/sh"]),
+                                                   ("commands as root", "root", [rule.job_commands[0]]))
+                    if allowed(runas, argv)]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return Finding("sudo rule", FAIL, f"sudo -l did not answer: {e}", "is sudo installed on the hub host?")
+    if missing:
+        return Finding("sudo rule", FAIL, f"{hub_user} may not run as {user}: {'; '.join(missing)}", fix)
+    if "SETENV" not in listing:
+        return Finding("sudo rule", FAIL, f"{hub_user}'s rule does not keep variables (no SETENV): the hub's "
+                       "sudo --preserve-env is refused", fix)
+    if too_much:
+        return Finding("sudo rule", FAIL, f"{hub_user} may run {' and '.join(too_much)}: more than the hub needs",
+                       f"narrow its rule to the one of {fix.removeprefix('install the rule of ')}")
+    return Finding("sudo rule", OK, f"{hub_user} may run what the hub runs as {user}, and not as root")
+
+
+def _hub_user(args: argparse.Namespace) -> str | None:
+    """The hub's account: --hub-user, else the owner of the hub's configuration file where that is not root."""
+    if args.hub_user or not args.hub_config:
+        return args.hub_user
+    owner = pwd.getpwuid(os.stat(args.hub_config).st_uid).pw_name
+    return None if owner == "root" else owner
+
+
 def _become(target: Target, env_names: tuple[str, ...] = ()) -> list[str]:
     return as_user(target.prefix, target.user, env_names) if target.prefix else []
 
@@ -257,7 +312,7 @@ def doctor(args: argparse.Namespace) -> list[Finding]:
     env.update({n: os.environ[n] for n in KEEP_ENV if n in os.environ})
     batch = check_scheduler(sched, target, env, partition, args.cli_timeout)
     url = args.hub_url or hub_api_url(cfg)
-    findings += [batch, check_hub_api(url)]
+    findings += [batch, check_hub_api(url), check_sudo_rule(_hub_user(args), target.user, sched, args.cli_timeout)]
     if args.no_job:
         return findings
     if batch.status == FAIL:
@@ -297,6 +352,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--hub-config", help="the hub's jupyterhub_config.py (site profile, hub URL, job Python)")
     p.add_argument("--site-config", help=f"the container settings (default ${SITE_CONFIG_ENV} or {DEFAULT_SITE_CONFIG})")
     p.add_argument("--user", help="run the node checks as this user (required as root)")
+    p.add_argument("--hub-user", help="the account the hub runs as, whose sudo rule is checked (default: the owner "
+                   "of the hub's configuration file, where that is not root)")
     p.add_argument("--partition", help="partition for the doctor's job (default: the profile's first)")
     p.add_argument("--gpus", type=int, default=1, help="GPUs the doctor's job asks for (default 1; at least 1)")
     p.add_argument("--image", action="append", default=[], help="check this image instead of the catalogue (repeatable)")
