@@ -42,6 +42,10 @@ USERS = ("alice", "bob", *WORKSHOP_USERS)
 IMAGE_USERS = ("alice",)  # users whose udocker gets the image at start-up (bob's stays empty)
 SLURM_ETC = Path("/etc/slurm")
 SITE_JSON = Path("/etc/jupyter-hpcdl/site.json")
+#: The hubs run as this system account, not root: what they do as a user goes through the sudo rule that
+#: ``docs/admin.md`` gives (``python -m jupyter_hpcdl.spawner.sudoers``), installed here for both schedulers.
+HUB_ACCOUNT = "hpcdl-hub"
+SUDO_RULE = Path("/etc/sudoers.d/jupyter-hpcdl-testbed")
 MUNGE_SOCKET = "/run/munge/munge.socket.2"
 
 
@@ -89,6 +93,25 @@ def ensure_users() -> None:
             log(f"user {user}")
             sh("useradd", "--create-home", "--shell", "/bin/bash", user)
         os.chmod(pwd.getpwnam(user).pw_dir, 0o700)
+
+
+def ensure_hub_account() -> None:
+    """The hubs' system account and its sudo rule (checked by visudo before it is put in place)."""
+    try:
+        pwd.getpwnam(HUB_ACCOUNT)
+    except KeyError:
+        log(f"system account {HUB_ACCOUNT}")
+        sh("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", str(STATE / "hub"),
+           "--shell", "/usr/sbin/nologin", HUB_ACCOUNT)
+    rule = sh(str(VENV / "bin/python"), "-m", "jupyter_hpcdl.spawner.sudoers", "--hub-user", HUB_ACCOUNT,
+              *(f"--scheduler={p.scheduler}" for p in hubs()), "--python", str(VENV / "bin/python")).stdout
+    if not SUDO_RULE.exists() or SUDO_RULE.read_text() != rule:
+        part = SUDO_RULE.with_name(".jupyter-hpcdl-testbed.part")  # sudo skips names with a dot
+        part.write_text(rule)
+        part.chmod(0o440)
+        sh("visudo", "-cf", str(part))
+        part.rename(SUDO_RULE)
+        log(f"sudo rule {SUDO_RULE}")
 
 
 def munge() -> Daemon:
@@ -163,7 +186,9 @@ def hub(place: config.HubPlace = config.HUB) -> Daemon:
     name = "jupyterhub" if place is config.HUB else f"jupyterhub-{place.scheduler}"
     return Daemon(name, [str(VENV / "bin/jupyterhub"), "-f", str(STATE / place.dirname / "jupyterhub_config.py")],
                   pidfile=STATE / f"run/{name}.pid", log=STATE / f"log/{name}.log", cwd=str(STATE / place.dirname),
-                  env={"PATH": f"{VENV}/bin:{PREFIX}/node/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+                  env={"PATH": f"{VENV}/bin:{PREFIX}/node/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                       "HOME": str(STATE / place.dirname), "USER": HUB_ACCOUNT, "LOGNAME": HUB_ACCOUNT},
+                  user=HUB_ACCOUNT,
                   ready=lambda: http_ok(f"http://127.0.0.1:{place.port}/hub/api/"), ready_timeout=90)
 
 
@@ -173,7 +198,7 @@ def proxy(place: config.HubPlace = config.HUB) -> Daemon:
     that file, and ``down`` stops it by that file."""
     suffix = "" if place is config.HUB else f"-{place.scheduler}"
     return Daemon(f"configurable-http-proxy{suffix}", [str(PREFIX / "node/bin/configurable-http-proxy")],
-                  pidfile=STATE / f"run/proxy{suffix}.pid", log=STATE / f"log/jupyterhub{suffix}.log")
+                  pidfile=STATE / place.dirname / "proxy.pid", log=STATE / f"log/jupyterhub{suffix}.log")
 
 
 def hubs() -> list[config.HubPlace]:
@@ -193,7 +218,11 @@ def prepare_hub(place: config.HubPlace = config.HUB) -> bool:
         text = config.hub_config(STATE, PREFIX, list(USERS), password, list(WORKSHOP_USERS))
     else:
         text = config.sge_hub_config(STATE, PREFIX, list(USERS), password, gridengine.hosts())
-    return write_if_changed(d / "jupyterhub_config.py", text, 0o600)
+    changed = write_if_changed(d / "jupyterhub_config.py", text, 0o600)
+    account = pwd.getpwnam(HUB_ACCOUNT)
+    for path in (d, *d.iterdir()):  # the hub's own: it runs as its account
+        os.chown(path, account.pw_uid, account.pw_gid, follow_symlinks=False)
+    return changed
 
 
 def udocker_tools() -> None:
@@ -245,6 +274,7 @@ def up() -> dict:
     for sub in ("run", "log", "users"):
         (STATE / sub).mkdir(parents=True, exist_ok=True)
     ensure_users()
+    ensure_hub_account()
     prepare_munge()
     munge().start()
     if prepare_slurm():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -71,12 +72,16 @@ class Daemon:
         self.pidfile.unlink(missing_ok=True)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         argv = list(self.argv)
-        if self.user:
+        as_user = {}
+        if self.user and self.forks:
             argv = ["runuser", "-u", self.user, "--"] + argv
+        elif self.user:  # the daemon itself has the recorded pid (runuser would stand between)
+            account = pwd.getpwnam(self.user)
+            as_user = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
         env = {**os.environ, **(self.env or {})}
         with open(self.log, "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True, cwd=self.cwd)
+                                    env=env, start_new_session=True, cwd=self.cwd, **as_user)
         if self.forks:
             proc.wait(timeout=60)
             wait_for(lambda: self.pid() is not None, 30, f"{self.name} pid file {self.pidfile}")

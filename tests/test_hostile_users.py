@@ -6,7 +6,9 @@
   ``/user/alice/`` (the job listens before it reports; the server accepts on that socket).
 - bob looking for the secrets of alice's running training session (her server's token, the controller's key, the
   rendezvous' secret) in every file, process and scheduler listing he can read, and knocking on the rendezvous, the
-  controller, her owner socket and her session directory without them."""
+  controller, her owner socket and her session directory without them.
+- The hubs themselves: not root, and their sudo rule (the one ``docs/admin.md`` gives) runs only what they run as a
+  user, never a shell nor anything as root."""
 from __future__ import annotations
 
 import re
@@ -273,3 +275,32 @@ def test_a_neighbour_finds_no_secret_of_a_running_session_and_is_not_answered_wi
     assert "closed" in out.get("text", ""), out
     hub.stop("alice")
     assert jobs("alice") == []
+
+
+def test_the_hubs_are_not_root_and_their_sudo_rule_allows_only_what_they_run_as_a_user(bed):
+    """Both hubs run as the bed's hub account; as it, sudo runs the hub's commands as alice, and refuses a shell,
+    another command, and anything as root."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
+    import bed as testbed
+
+    for place in testbed.hubs():
+        pid = testbed.hub(place).pid()
+        assert pid and psutil.Process(pid).username() == testbed.HUB_ACCOUNT, f"{place.dirname} runs as root"
+
+    def sudo(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["setpriv", f"--reuid={testbed.HUB_ACCOUNT}", f"--regid={testbed.HUB_ACCOUNT}",
+                               "--init-groups", "--", "sudo", "-n", *argv], capture_output=True, text=True,
+                              timeout=60, cwd="/")
+
+    python = f"{bed['venv']}/bin/python"
+    allowed = sudo("-u", "alice", "--preserve-env=LANG", "--", "scancel", "--version")
+    assert allowed.returncode == 0, allowed.stderr
+    tail = sudo("-u", "alice", python, "-s", "-P", "-m", "jupyter_hpcdl.spawner.usertail", "/nonexistent")
+    assert "password is required" not in tail.stderr and "not allowed" not in tail.stderr, tail.stderr
+    for argv in (["-u", "alice", "/bin/cat", "/etc/hostname"], ["-u", "alice", "/bin/sh", "-c", "id"],
+                 ["-u", "alice", python, "-c", "print('x')"], ["-u", "root", "scancel", "--version"],
+                 ["-u", testbed.HUB_ACCOUNT, "/bin/sh", "-c", "id"]):
+        refused = sudo(*argv)
+        assert refused.returncode != 0 and refused.stdout == "", (argv, refused.stdout)
+        assert re.search(r"password is required|not allowed|may not run", refused.stderr), (argv, refused.stderr)
