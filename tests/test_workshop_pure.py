@@ -20,7 +20,7 @@ from jupyter_hpcdl.workshop.cli import attendee_steps
 from jupyter_hpcdl.workshop.hub import HubAPI, HubError
 from jupyter_hpcdl.workshop.place import place
 from jupyter_hpcdl.workshop.room import Room
-from jupyter_hpcdl.workshop.status import attendee_rows, render_page
+from jupyter_hpcdl.workshop.status import attendee_rows, render_lines, render_page
 
 
 def test_the_attendee_list_takes_names_once_and_refuses_anything_else_by_line():
@@ -81,6 +81,11 @@ def test_rows_say_who_runs_what_from_the_hub_and_the_queue_and_the_page_escapes_
     assert "4 attendees, 2 servers running, 1 jobs waiting" in page and page.count("<tr>") == 5
     unread = attendee_rows(_users(), None, now, listing_error="squeue did not answer in 15 s")
     assert unread[0].job_id == "42" and unread[0].job_state == "" and "squeue did not answer" in unread[0].error
+    lines = render_lines(rows)  # status on a terminal: a server's name an attendee chose reaches it escaped
+    assert lines[0] == ("user=w01  state=running  partition=cpu  nodes=1  gpus_per_node=0  image=os  job_id=42  "
+                        "job_state=running: RUNNING  job_host=node1  time_left=1:29:45")
+    named = attendee_rows([{"name": "w05", "servers": {"\x1b[2J\x07": {"ready": True, "user_options": {}}}}], jobs, now)
+    assert "server=\\x1b[2J\\x07" in render_lines(named)[0] and "\x1b" not in render_lines(named)[0]
 
 
 def test_the_workshops_token_goes_to_the_hubs_api_only():

@@ -30,7 +30,7 @@ from ..spawner.queue import JobQueue
 from .attendees import check_accounts, parse_attendees
 from .hub import HubAPI, HubError
 from .room import Room
-from .status import COLUMNS
+from .status import render_lines
 
 STEP_TIMEOUT_S = 600  # one attendee's pull, container or copy
 
@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps([r.as_dict() for r in rows], indent=1))
             else:
-                for r in rows:
-                    print("  ".join(f"{c}={getattr(r, c)}" for c in COLUMNS if getattr(r, c) not in ("", None)))
+                print("\n".join(render_lines(rows)))
             return 0
         members = api.members(args.group)
         with ThreadPoolExecutor(8) as pool:

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 from ..batchsystems.scheduler import PENDING, JobInfo
+from ..controls import escape_controls
 from ..jobvalues import parse_walltime
 
 #: Shown where the service's token may not read the servers' state (the spawner's job id lives there).
@@ -103,6 +104,13 @@ def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return html.escape(str(value))
+
+
+def render_lines(rows: list[AttendeeRow]) -> list[str]:
+    """``status``'s lines for a terminal: ``column=value`` pairs, control characters escaped (the values come from
+    the hub and the queue, which attendees fill)."""
+    return ["  ".join(f"{c}={escape_controls(str(getattr(r, c)))}" for c in COLUMNS if getattr(r, c) not in ("", None))
+            for r in rows]
 
 
 def render_page(rows: list[AttendeeRow], group: str, refresh: int = 10) -> str:
