@@ -299,3 +299,45 @@ def test_a_server_given_a_socket_it_cannot_serve_on_stops_and_says_why(tmp_path)
             pass_fds=[bound.fileno()], env={**env, "HPCDL_HELD_PORT_FD": str(bound.fileno())},
             capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "is not listening" in r.stderr and "the server stops" in r.stderr, r.stderr[-2000:]
+
+
+class _FormFields(__import__("html.parser").parser.HTMLParser):
+    """What a browser submits from the form as rendered: each enabled field's selected or given value."""
+
+    def __init__(self):
+        super().__init__()
+        self.values, self._select = {}, None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "input" and a.get("name"):
+            self.values[a["name"]] = a.get("value", "")
+        elif tag == "select":
+            self._select = a["name"]
+        elif tag == "option" and self._select and ("selected" in a or self._select not in self.values):
+            self.values[self._select] = a["value"]
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self._select = None
+
+
+@pytest.mark.parametrize("partition", ["a100", "big", "gpu"])
+def test_the_form_offers_every_field_and_what_it_shows_is_accepted(partition):
+    """One profile that uses every field (GPU types, memory, accounts): the form has an input for each field the
+    validation knows, and the defaults it shows for each partition, submitted, are a valid request."""
+    from jupyter_hpcdl.spawner.form import render_form
+
+    req = validate_options({"partition": partition}, PROFILE, "alice")
+    page = render_form(PROFILE, "alice", {}, {"script": "", "gpu_hours": 0}, request_to_options(req), "/preview")
+    fields = _FormFields()
+    fields.feed(page)
+    assert set(fields.values) == set(FIELDS), "the form's fields and the validation's are two lists"
+    shown = dict(fields.values, partition=partition)
+    if not PROFILE.partitions[partition].gpu_types:
+        shown.pop("gpu_type")  # the form disables it for such a partition: it is not sent
+    if not PROFILE.partitions[partition].max_memory_gb:
+        shown.pop("memory_gb")  # disabled likewise
+    assert validate_options(shown, PROFILE, "alice").partition == partition
+    if partition == "a100":
+        assert req.gpu_type == "a100" and fields.values["gpu_type"] == "a100", "a typed partition's default type"

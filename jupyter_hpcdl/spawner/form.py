@@ -19,16 +19,19 @@ _TEMPLATE = Environment(autoescape=True).from_string("""
 </table>
 <div class="form-group"><label for="hpcdl-partition">Partition</label>
   <select class="form-control" id="hpcdl-partition" name="partition">{% for p in partitions %}
-    <option value="{{ p.name }}" data-max-nodes="{{ p.max_nodes }}" data-max-gpus="{{ p.max_gpus_per_node }}"
+    <option value="{{ p.name }}" data-max-nodes="{{ p.max_nodes }}" data-max-gpus="{{ p.max_gpus_per_node }}" data-max-memory="{{ p.max_memory_gb or '' }}"
       {% if p.name == defaults.partition %}selected{% endif %}>{{ p.name }}</option>{% endfor %}</select></div>
 <div class="form-group"><label for="hpcdl-nodes">Nodes</label>
   <input class="form-control" type="number" id="hpcdl-nodes" name="nodes" min="1" value="{{ defaults.nodes }}"></div>
 <div class="form-group"><label for="hpcdl-gpus">GPUs per node</label>
   <input class="form-control" type="number" id="hpcdl-gpus" name="gpus_per_node" min="0" value="{{ defaults.gpus_per_node }}"></div>
+{% if gpu_types %}<div class="form-group"><label for="hpcdl-gpu-type">GPU type</label>
+  <select class="form-control" id="hpcdl-gpu-type" name="gpu_type">{% for p in partitions if p.gpu_types %}{% for t in p.gpu_types %}
+    <option value="{{ t }}" data-partition="{{ p.name }}" {% if p.name == defaults.partition and t == defaults.gpu_type %}selected{% endif %}>{{ t }} ({{ p.name }})</option>{% endfor %}{% endfor %}</select></div>{% endif %}
 <div class="form-group"><label for="hpcdl-walltime">Walltime (HH:MM:SS)</label>
   <input class="form-control" type="text" id="hpcdl-walltime" name="walltime" value="{{ defaults.walltime }}"></div>
-{% if defaults.memory_gb %}<div class="form-group"><label for="hpcdl-memory">Memory per node (GB)</label>
-  <input class="form-control" type="number" id="hpcdl-memory" name="memory_gb" min="1" value="{{ defaults.memory_gb }}"></div>{% endif %}
+{% if memory %}<div class="form-group"><label for="hpcdl-memory">Memory per node (GB)</label>
+  <input class="form-control" type="number" id="hpcdl-memory" name="memory_gb" min="1" value="{{ defaults.memory_gb or '' }}"></div>{% endif %}
 {% if accounts %}<div class="form-group"><label for="hpcdl-account">Account</label>
   <select class="form-control" id="hpcdl-account" name="account">{% for a in accounts %}<option value="{{ a }}">{{ a }}</option>{% endfor %}</select></div>{% endif %}
 <div class="form-group"><label for="hpcdl-image">Container image</label>
@@ -59,7 +62,26 @@ _TEMPLATE = Environment(autoescape=True).from_string("""
         else { err.textContent = res[1].message || "not allowed"; }
       });
   }
-  form.addEventListener("input", function () { clearTimeout(timer); timer = setTimeout(update, 250); });
+  var types = document.getElementById("hpcdl-gpu-type");
+  function gpuTypes() {  // only the chosen partition's GPU types and memory; none: the field is not sent
+    var select = document.getElementById("hpcdl-partition"), memory = document.getElementById("hpcdl-memory");
+    if (memory) {  // a partition that takes no memory request: the field is not sent
+      var most = select.selectedOptions[0].dataset.maxMemory;
+      memory.disabled = !most;
+      if (most && !memory.value) { memory.value = most; }
+    }
+    if (!types) { return; }
+    var partition = select.value, first = null;
+    Array.prototype.forEach.call(types.options, function (o) {
+      var mine = o.dataset.partition === partition;
+      o.hidden = o.disabled = !mine;
+      if (mine && first === null) { first = o; }
+    });
+    types.disabled = first === null;
+    if (first !== null && types.selectedOptions[0] && types.selectedOptions[0].disabled) { first.selected = true; }
+  }
+  gpuTypes();
+  form.addEventListener("input", function () { gpuTypes(); clearTimeout(timer); timer = setTimeout(update, 250); });
 })();
 </script>
 """)
@@ -69,5 +91,7 @@ def render_form(profile: Profile, user: str, availability: dict[str, Availabilit
                 defaults: dict, preview_url: str, server_name: str = "", last_end: str = "") -> str:
     return _TEMPLATE.render(
         partitions=list(profile.partitions.values()), images=list(profile.images.values()),
+        gpu_types=any(p.gpu_types for p in profile.partitions.values()),
+        memory=any(p.max_memory_gb for p in profile.partitions.values()),
         accounts=profile.accounts_for(user), avail=availability, preview=preview, defaults=defaults,
         walltime=format_walltime, preview_url=preview_url, server_name=server_name, last_end=last_end)

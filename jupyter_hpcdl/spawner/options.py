@@ -83,7 +83,9 @@ def validate_options(raw: Mapping[str, Any], profile: Profile, user: str) -> Job
     image = _choice(raw, "image", list(profile.images), default=next(iter(profile.images)))
     accounts = profile.accounts_for(user)
     account = _choice(raw, "account", accounts, default=accounts[0] if accounts else None)
-    gpu_type = _choice(raw, "gpu_type", partition.gpu_types) if partition.gpu_types else None
+    # a partition with GPU types: the first unless one is chosen (no GPUs asked for: no type, unless chosen)
+    gpu_type = (_choice(raw, "gpu_type", partition.gpu_types, default=partition.gpu_types[0] if gpus else "") or None
+                ) if partition.gpu_types else None
     if not partition.gpu_types and _one(raw, "gpu_type") not in (None, ""):
         raise OptionsError(f"gpu_type: partition {partition.name} has no GPU types to choose from")
     return JobRequest(partition.name, nodes, gpus, minutes, image, profile.images[image].ref, account, gpu_type, memory,
