@@ -2,10 +2,11 @@
 import asyncio
 import os
 import sys
+import time
 
 import pytest
 
-from jupyter_hpcdl.job.owner import AllocationOwner, engines_argv, handle
+from jupyter_hpcdl.job.owner import AllocationOwner, check_ranks_fit, engines_argv, handle
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.batchsystems.slurm import Slurm, expand_tasks_per_node, slurm_hosts
 from jupyter_hpcdl.job.tasks import gpu_share, spread
@@ -113,6 +114,22 @@ def test_owner_api_validates_and_says_what_is_wrong():
     assert ask(owner, "POST", "/engines", {"ranks": 2, "image": "hpcdl/base:latest", "connection_file": "/x"}) == (
         400, {"message": "not inside a batch job"})
     assert ask(owner, "PUT", "/nope", {})[0] == 404
+
+
+def test_more_ranks_than_the_jobs_slots_are_refused_at_once_with_the_ways_out(monkeypatch):
+    owner = AllocationOwner(environ={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "5"})
+
+    async def hosts():
+        return [("node1", 1)]  # the form's default: one node, one GPU, one task
+
+    monkeypatch.setattr(owner, "hosts", hosts)
+    started = time.monotonic()
+    status, reply = ask(owner, "POST", "/engines", {"ranks": 2, "image": "hpcdl/base:latest", "connection_file": "/x"})
+    assert time.monotonic() - started < 2 and status == 400, reply
+    assert reply["message"].startswith("2 ranks do not fit this job: it has 1 task slot(s), one rank each (node1: 1)")
+    assert "TrainingSession(ranks=1)" in reply["message"] and 'where="new"' in reply["message"]
+    check_ranks_fit(3, [("a", 2), ("b", 1)])  # fits: nothing to say
+    assert owner._steps == []
 
 
 def test_new_allocation_script_is_built_from_checked_values():

@@ -55,6 +55,19 @@ def owner_socket() -> str | None:
     return path if path and os.path.exists(path) else None
 
 
+def check_ranks_fit(ranks: int, hosts: list[tuple[str, int]]) -> None:
+    """ValueError, saying the job's task slots and the ways out, when ``ranks`` (one per slot) do not fit the job."""
+    slots = sum(n for _, n in hosts)
+    if ranks <= slots:
+        return
+    where = ", ".join(f"{host}: {n}" for host, n in hosts)
+    raise ValueError(
+        f"{ranks} ranks do not fit this job: it has {slots} task slot(s), one rank each ({where}). Ask for at most "
+        f"{slots} (TrainingSession(ranks={slots})), start your server with more nodes or GPUs per node (the "
+        f"server's form), or train in a job of their own: TrainingSession(ranks={ranks}, where=\"new\", "
+        f"new_allocation=NewAllocation(nodes=..., gpus_per_rank=...))")
+
+
 def default_socket_path(job_id: str) -> str:
     return os.path.expanduser(f"~/.jupyter-hpcdl/jobs/{job_id}/allocation.sock")
 
@@ -324,6 +337,7 @@ class AllocationOwner:
         returns once they are started, not when the engines are up."""
         if not self.job_id:
             raise ValueError("not inside a batch job")
+        check_ranks_fit(ranks, await self.hosts())  # at once, not after the engines' start timeout
         argv = engines_argv(ranks, image, connection_file, gpus_per_rank=gpus_per_rank, mpi=mpi, env=self.environ)
         # beside the controller's connection file, named after it: two jobs of the user share the profile directory
         log = f"{os.path.splitext(connection_file)[0]}-engines-{len(self._steps)}.log"
