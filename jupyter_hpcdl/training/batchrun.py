@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Sequence
@@ -41,6 +41,7 @@ PLACES = ("auto", "batch", "local")
 ALIASES = {"slurm": "batch"}
 #: Seconds for each question to the allocation's owner while watching (a query, not a submission).
 QUERY_TIMEOUT_S = 30.0
+QUEUE_ALLOWANCE_S = 600.0  # what wait() allows for the queue by default, beyond the walltime
 ROOT_ENV = "HPCDL_BATCH_ROOT"
 #: What the ranks' exit code says, in the words a scheduler would use (for a run whose scheduler has not said yet).
 EXIT_STATES = {0: "COMPLETED", 124: "TIMEOUT"}
@@ -141,11 +142,12 @@ class BatchRun:
     def submit(cls, script: str | os.PathLike | None = None, args: Sequence[str] = (), *,
                command: Sequence[str] | None = None, ranks: int = 2, nodes: int = 1,
                walltime: str | int = "00:30:00", partition: str | None = None, account: str | None = None,
-               gpus_per_rank: int = 0, image: str | None = None, name: str = "batch",
+               gpus_per_rank: int | None = None, image: str | None = None, name: str = "batch",
                directory: str | os.PathLike | None = None, where: str = "auto") -> "BatchRun":
         """Run the Python ``script`` with ``args`` (or any ``command``) as ``ranks`` Horovod ranks, each of which
         joins one world at ``hvd.init()``. In a job: ``nodes`` nodes, ``gpus_per_rank`` GPUs each, the ``walltime``,
-        ``partition`` and ``account`` of the new job, ranks in the container of ``image`` (by default the one this kernel runs in). Locally: ``ranks``
+        ``partition`` and ``account`` of the new job (``gpus_per_rank`` by default one where this kernel's job has GPUs,
+        as its own tasks do), ranks in the container of ``image`` (by default the one this kernel runs in). Locally: ``ranks``
         processes, ended at the walltime. Returns once the run is submitted (or started), not when it ends."""
         where = _resolve(where)
         if (script is None) == (command is None):
@@ -167,7 +169,7 @@ class BatchRun:
         directory = Path(directory).expanduser().resolve() if directory else batch_root() / f"{name}-{stamp}"
         check_job_dir(str(directory))
         alloc = NewAllocation(nodes=nodes, walltime=minutes, partition=partition, account=account,
-                              gpus_per_rank=gpus_per_rank)
+                              gpus_per_rank=gpus_per_rank or 0)
         scheduler = None
         if where == "batch":  # build (and check) the script before anything is made
             from ..batchsystems.scheduler import owners_scheduler
@@ -179,13 +181,16 @@ class BatchRun:
                 raise RuntimeError("this kernel's server runs outside a batch job: there is no batch system to submit "
                                    "to; use where='local' for ranks on this machine")
             scheduler = told.get("scheduler") or "slurm"
+            if gpus_per_rank is None and told.get("gpus_per_node"):  # the job's own choice: a GPU per task
+                alloc = replace(alloc, gpus_per_rank=1)
             offered = within_offer(alloc, ranks, image or kernel_image(), told.get("offer"), getpass.getuser())
             text = batch_run_script(owners_scheduler(told), offered.alloc, ranks, str(directory), told["host_python"],
                                     offered.image_ref, command, f"hpcdl-batch-{name}")
         elif not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= 256:
             raise ValueError(f"ranks must be a whole number from 1 to 256 on this machine, not {ranks!r}")
         directory.mkdir(parents=True, exist_ok=False)
-        record = {"where": where, **({"scheduler": scheduler} if scheduler else {}), "name": name, "ranks": ranks, "command": command, "submitted_at": time.time()}
+        record = {"where": where, **({"scheduler": scheduler} if scheduler else {}), "name": name, "ranks": ranks,
+                  "command": command, "submitted_at": time.time(), "walltime_s": minutes * 60}
         try:
             if where == "batch":
                 job_file = directory / "job.sh"
@@ -261,9 +266,12 @@ class BatchRun:
         return BatchStatus(self.job_id, self.where, phase, reply.get("state", ""), reply.get("reason", ""),
                            None, reply.get("time_left_s"))
 
-    def wait(self, timeout: float, every: float = 5.0, show: bool = True) -> BatchStatus:
+    def wait(self, timeout: float | None = None, every: float = 5.0, show: bool = True) -> BatchStatus:
         """Watch the run until it ends: a line each time its phase, state or reason changes (``show``). Past
-        ``timeout`` seconds :class:`TimeoutError` says where it is; the run goes on (wait again, or cancel it)."""
+        ``timeout`` seconds (by default its walltime and 10 minutes more for the queue) :class:`TimeoutError` says
+        where it is; the run goes on (wait again, or cancel it)."""
+        if timeout is None:
+            timeout = self._record.get("walltime_s", 3600) + QUEUE_ALLOWANCE_S
         if not timeout > 0 or not every > 0:
             raise ValueError("timeout and every must be positive numbers of seconds")
         deadline = time.monotonic() + timeout
