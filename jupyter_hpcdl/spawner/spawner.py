@@ -63,7 +63,8 @@ class HpcdlSpawner(Spawner):
     log_tail_lines = Integer(20, help="Lines of the job's log shown when it fails.").tag(config=True)
     log_tail_bytes = Integer(65536, help="Bytes from the end of the job's log read for those lines, at most."
                              ).tag(config=True)
-    job_name = Unicode("jupyterhub-hpcdl").tag(config=True)
+    job_name = Unicode("jupyterhub-hpcdl", help="The name of every server's batch job, as the queue shows it.").tag(
+        config=True)
     hub_tag = Unicode("jupyterhub", help="Names this hub in its jobs' comments (letters, digits, '._-'); the orphan "
                       "sweep cancels only jobs with this tag. Give each hub that shares a cluster its own.").tag(config=True)
     unknown_grace = Float(1800.0, help="Seconds a running server is kept while the scheduler cannot be asked (an "
