@@ -54,7 +54,11 @@ def _line_paths(page) -> list[str]:
 def _train_and_watch_charts_update(page, epochs: int, timeout: float) -> None:
     _set_number(page, ".hpcdl-dashboard", "epochs", epochs)
     page.locator(".hpcdl-dashboard button", has_text="Train").click()
-    page.wait_for_function(f"document.querySelectorAll('{LINES}').length >= 6", timeout=timeout * 1000)
+    # the charts' lines, or the dashboard's own error (said in the failure instead of a bare timeout)
+    page.wait_for_function(f"document.querySelectorAll('{LINES}').length >= 6 || "
+                           "document.querySelector('.hpcdl-dashboard .hpcdl-error') !== null", timeout=timeout * 1000)
+    errors = page.locator(".hpcdl-dashboard .hpcdl-error")
+    assert errors.count() == 0, f"the dashboard failed to train: {errors.first.inner_text()}"
     first = _line_paths(page)
     page.wait_for_function(f"""(first) => {{ const now = [...document.querySelectorAll('{LINES}')]
                                              .map(e => e.getAttribute('d') || '');
