@@ -19,7 +19,17 @@ pytestmark = pytest.mark.testbed
 
 KERNEL_CODE = "import json\nfrom jupyter_hpcdl.training import TrainingSession\n" + \
     inspect.getsource(workloads) + """
-session = TrainingSession(ranks=4, where="allocation")
+# ranks whose image is missing: named at once, each with its node and its log, instead of a start timeout
+import time
+from jupyter_hpcdl.training import EnginesFailed
+t0 = time.monotonic()
+try:
+    TrainingSession(where="allocation", image="hpcdl/missing:latest").start()
+    missing = "started"
+except (EnginesFailed, TimeoutError) as e:
+    missing = f"{type(e).__name__}: {e}"
+missing_after = time.monotonic() - t0
+session = TrainingSession(where="allocation")  # one rank per slot of the job: 4
 try:
     world = session.start()
     import tensorflow as tf
@@ -45,7 +55,8 @@ try:
     print(json.dumps({"world": [{k: w[k] for k in ("rank", "size", "node", "cuda_visible_devices")} for w in world],
                       "loss": first.loss + more.loss, "epochs": more.epochs_done,
                       "metric_ranks": sorted(set(int(r) for r in session.metrics["rank"])),
-                      "crash": crash, "reported_after": reported_after,
+                      "crash": crash, "reported_after": reported_after, "missing": missing,
+                      "missing_after": missing_after,
                       "restored": sorted({r["epochs_done"] for r in restored}), "after": after.epochs_done,
                       "new_world": sorted((w["rank"], w["node"]) for w in session.world)}))
 finally:
@@ -79,6 +90,10 @@ def test_four_ranks_on_two_nodes_in_containers_train_from_the_notebook_and_survi
     assert re.search(r"rank\(s\) ([0-2], )*3 died during fit", result["crash"]), result["crash"]
     assert result["reported_after"] < 15, "the death was not reported within seconds"
     assert result["restored"] == [3] and result["after"] == 4, "the new world continued from the checkpoint"
+    # the engines of a missing image were named long before the start timeout (120 s)
+    assert re.match(r"EnginesFailed: the engine of rank \d on node\d: .*Its log: /", result["missing"], re.S), \
+        result["missing"]
+    assert result["missing_after"] < 60, result
     assert result["new_world"] == [[0, "node1"], [1, "node1"], [2, "node2"], [3, "node2"]]
 
 
@@ -398,7 +413,17 @@ def iterations():
     from jupyter_hpcdl.training.rank import _STATE
     return int(_STATE["model"].optimizer.iterations)
 
-session = TrainingSession(ranks=4, where="allocation")
+# ranks whose image is missing: named at once, each with its node and its log, instead of a start timeout
+import time
+from jupyter_hpcdl.training import EnginesFailed
+t0 = time.monotonic()
+try:
+    TrainingSession(where="allocation", image="hpcdl/missing:latest").start()
+    missing = "started"
+except (EnginesFailed, TimeoutError) as e:
+    missing = f"{type(e).__name__}: {e}"
+missing_after = time.monotonic() - t0
+session = TrainingSession(where="allocation")  # one rank per slot of the job: 4
 try:
     world = session.start()
     session.setup(model, pipeline, validation_data=os.path.join(data_dir, "val.npz"),

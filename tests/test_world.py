@@ -132,6 +132,57 @@ def test_more_ranks_than_the_jobs_slots_are_refused_at_once_with_the_ways_out(mo
     assert owner._steps == []
 
 
+def test_the_tasks_that_ended_early_are_read_from_srun_and_from_the_launchers_own_lines():
+    from jupyter_hpcdl.job.tasks import TaskExit, exit_line, task_exits
+
+    out = ("engine starting\nsrun: error: node2: task 1: Exited with exit code 1\n"
+           "srun: error: node1: tasks 2-3,5: Killed\n" + exit_line(4, "vm2", -9) + "\n" + exit_line(1, "x", 2) + "\n")
+    assert task_exits(out) == [TaskExit(1, "node2", "Exited with exit code 1"), TaskExit(2, "node1", "Killed"),
+                               TaskExit(3, "node1", "Killed"), TaskExit(4, "vm2", "was killed by signal 9"),
+                               TaskExit(5, "node1", "Killed")]
+    assert task_exits("srun: error: Unable to create step\nrank 1: task 1 failed\n") == []
+
+
+def test_an_engine_that_ended_is_named_with_its_node_and_log_at_once_not_after_the_start_timeout(tmp_path):
+    from jupyter_hpcdl.training.placement import AllocationPlacement, EnginesFailed, PlacementOptions
+
+    log = tmp_path / "engines-0.log"
+    log.write_text("an earlier step's line\nsrun: error: node1: task 0: Exited with exit code 1\n")
+    earlier = log.stat().st_size
+    with log.open("a") as f:
+        f.write("FileNotFoundError: image hpcdl/missing:latest\nsrun: error: node2: task 1: Exited with exit code 1\n")
+
+    class NoEngines:  # a controller no engine reaches
+        ids: list = []
+
+    placement = AllocationPlacement(PlacementOptions(ranks=2, start_timeout=120, session_dir=str(tmp_path)))
+    placement.client = NoEngines()
+    started = time.monotonic()
+    with pytest.raises(EnginesFailed) as failed:
+        placement._wait_for_engines(str(log), earlier)
+    assert time.monotonic() - started < 2
+    message = str(failed.value)
+    assert message.startswith("the engine of rank 1 on node2: Exited with exit code 1, before it joined"), message
+    assert str(log) in message and "image hpcdl/missing:latest" in message and "earlier step" not in message
+    placement.options.start_timeout = 0.3
+    with pytest.raises(TimeoutError, match=r"2 engines not ready in 0.3 seconds \(0 ready.*their log is "):
+        placement._wait_for_engines(str(tmp_path / "quiet.log"), 0)
+
+
+def test_a_session_asks_for_one_rank_per_slot_of_its_job_or_two_elsewhere(monkeypatch):
+    from jupyter_hpcdl.training import TrainingSession
+    from jupyter_hpcdl.training import placement
+
+    monkeypatch.delenv("HPCDL_ALLOCATION_FILE", raising=False)
+    assert placement.default_ranks("local") == placement.default_ranks("allocation") == 2
+    monkeypatch.setattr(placement, "owner_socket", lambda: "/owner.sock")
+    monkeypatch.setattr(placement, "request", lambda sock, method, path, timeout: {"slots": [2, 1]})
+    assert placement.default_ranks("allocation") == 3 and placement.default_ranks("local") == 2
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="ranks must be a whole number of at least 1"):
+            TrainingSession(ranks=bad)
+
+
 def test_new_allocation_script_is_built_from_checked_values():
     from jupyter_hpcdl.job.newjob import NewAllocation, engines_job_template
 
@@ -233,7 +284,7 @@ def _tasks_args(*words):
     return args, args.command[1:]
 
 
-def test_tasks_started_alone_know_their_rank_and_gpu_and_give_the_first_failure(tmp_path, monkeypatch):
+def test_tasks_started_alone_know_their_rank_and_gpu_and_give_the_first_failure(tmp_path, monkeypatch, capsys):
     from jupyter_hpcdl.job.tasks import run_tasks
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
@@ -243,6 +294,7 @@ def test_tasks_started_alone_know_their_rank_and_gpu_and_give_the_first_failure(
             "sys.exit(int(os.environ['HPCDL_TASK_RANK']) * 3)")
     args, command = _tasks_args("--ranks=2", "--gpus-per-rank=1", "--", sys.executable, "-c", code, str(out))
     assert run_tasks(_HereAdapter(2), args, command) == 3, "the failing task's code"
+    assert "jupyter_hpcdl.job.tasks: task 1 on here exited with exit code 3" in capsys.readouterr().err
     assert [(tmp_path / f"seen{r}").read_text() for r in (0, 1)] == ["here 4", "here 5"]
 
 

@@ -23,7 +23,7 @@ class Dashboard(w.VBox):
     ``run_script`` shows here too)."""
 
     def __init__(self, session: TrainingSession | None = None, model_fn=None, data_fn=None, loss=None, metrics=(),
-                 ranks: int = 2, epochs: int = 2, batch_size: int = 32, lr: float = 0.05, max_ranks: int = 64,
+                 ranks: int | None = None, epochs: int = 2, batch_size: int = 32, lr: float = 0.05, max_ranks: int = 64,
                  checkpoint_dir: str = "~/hpcdl-checkpoints", refresh: float = 0.3, setup_options: dict | None = None,
                  **session_options):
         if model_fn is None and (session is None or not session.has_model):
@@ -47,7 +47,13 @@ class Dashboard(w.VBox):
         self._drawn_at = 0.0
 
         style = {"description_width": "initial"}
-        self.ranks = w.BoundedIntText(value=session.ranks if session else ranks, min=1, max=max_ranks,
+        if session is not None and session.ranks:
+            ranks = session.ranks
+        elif ranks is None:  # as the session would: one per slot of the kernel's job, two elsewhere
+            from ..training.placement import default_ranks, resolve
+
+            ranks = default_ranks(resolve(session_options.get("where", "auto")))
+        self.ranks = w.BoundedIntText(value=min(ranks, max_ranks), min=1, max=max_ranks,
                                       description="ranks", style=style, layout=w.Layout(width="120px"))
         self.epochs = w.BoundedIntText(value=epochs, min=1, max=10_000, description="epochs", style=style,
                                        layout=w.Layout(width="120px"))

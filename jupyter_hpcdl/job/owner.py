@@ -341,9 +341,13 @@ class AllocationOwner:
         argv = engines_argv(ranks, image, connection_file, gpus_per_rank=gpus_per_rank, mpi=mpi, env=self.environ)
         # beside the controller's connection file, named after it: two jobs of the user share the profile directory
         log = f"{os.path.splitext(connection_file)[0]}-engines-{len(self._steps)}.log"
+        try:
+            offset = os.path.getsize(log)  # (the log is appended to: an earlier step's lines are not this one's)
+        except OSError:
+            offset = 0
         step = _start_step(argv, log, self.environ)
         self._steps.append(step)
-        return {"pid": step.pid, "argv": argv}
+        return {"pid": step.pid, "argv": argv, "log": log, "log_offset": offset}
 
     def _submitted(self, job_id: str) -> None:
         if job_id not in self._known:

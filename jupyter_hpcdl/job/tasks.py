@@ -18,7 +18,9 @@ import signal
 import subprocess
 import sys
 import threading
+import re
 import time
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 TASK_RANK_ENV, TASK_NODE_ENV = "HPCDL_TASK_RANK", "HPCDL_TASK_NODE"
@@ -26,6 +28,40 @@ TASK_RANK_ENV, TASK_NODE_ENV = "HPCDL_TASK_RANK", "HPCDL_TASK_NODE"
 #: to end after closing their stdin.
 GRACE_S = 10.0
 HOSTS_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class TaskExit:
+    """A task that ended before its launcher: its rank, its host and how it ended."""
+
+    rank: int
+    node: str
+    how: str
+
+
+#: How a task's early end reads in the launcher's output: Slurm's srun, and this launcher's own line.
+_SRUN_EXIT = re.compile(r"^srun: error: (?P<node>[\w.-]+): tasks? (?P<ranks>[\d,-]+): (?P<how>.+)$", re.M)
+_OWN_EXIT = re.compile(r"^jupyter_hpcdl\.job\.tasks: task (?P<ranks>\d+) on (?P<node>[\w.-]+) (?P<how>.+)$", re.M)
+
+
+def exit_line(rank: int, node: str, code: int) -> str:
+    """This launcher's line for a task that ended with ``code`` (what :func:`task_exits` reads back)."""
+    how = f"exited with exit code {code}" if code >= 0 else f"was killed by signal {-code}"
+    return f"jupyter_hpcdl.job.tasks: task {rank} on {node} {how}"
+
+
+def task_exits(output: str) -> list[TaskExit]:
+    """The tasks that ended early, read from a launcher's output (srun's ``srun: error: node2: task 1: Exited with
+    exit code 1``, or :func:`exit_line`), in rank order."""
+    found: dict[int, TaskExit] = {}
+    for pattern in (_SRUN_EXIT, _OWN_EXIT):
+        for m in pattern.finditer(output):
+            for part in m["ranks"].split(","):
+                first, _, last = part.partition("-")
+                if first.isdigit() and (not last or last.isdigit()):
+                    for rank in range(int(first), int(last or first) + 1):
+                        found.setdefault(rank, TaskExit(rank, m["node"], m["how"].strip()))
+    return [found[r] for r in sorted(found)]
 
 
 def spread(hosts: Sequence[tuple[str, int]], ranks: int) -> list[tuple[str, int]]:
@@ -176,6 +212,8 @@ def run_tasks(sched, args, command: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     alone = sched.hosts_argv(os.environ) is None  # no parallel environment: the job's one slot is here
+    where: list[tuple[int, str]] = []  # each task's rank and host
+    said: set[int] = set()
     try:
         rank = 0
         for host, n in spread(hosts, ranks):
@@ -189,8 +227,13 @@ def run_tasks(sched, args, command: list[str]) -> int:
                 # killing qrsh (which would leave the remote task running)
                 procs.append(subprocess.Popen(one if alone else sched.task_argv(host, names, one),
                                               stdin=subprocess.PIPE, start_new_session=True))
+                where.append((rank, host))
                 rank += 1
         while not stop.wait(0.2):
+            for i, proc in enumerate(procs):  # a task that failed is said at once, as srun does
+                if proc.poll() not in (None, 0) and i not in said:
+                    said.add(i)
+                    print(exit_line(*where[i], proc.returncode), file=sys.stderr, flush=True)
             if all(proc.poll() is not None for proc in procs):
                 code = next((proc.returncode for proc in procs if proc.returncode), 0)
                 return 128 - code if code < 0 else code

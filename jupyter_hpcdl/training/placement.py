@@ -22,9 +22,18 @@ import psutil
 from ..containers.kernelspec import DEFAULT_IMAGE
 from ..job.owner import SOCKET_ENV, job_time_left, owner_socket, request
 from ..job.newjob import NewAllocation, engines_job_template
+from ..job.tasks import task_exits
 from ..job.world import hosts_from_tasks
 
 PLACES = ("local", "allocation", "new")
+#: Ranks a session starts outside a batch job (and in a new job) when not told how many.
+LOCAL_RANKS = 2
+#: How many last lines of an engine step's log an error shows.
+LOG_LINES = 15
+
+
+class EnginesFailed(RuntimeError):
+    """An engine ended before it joined: the message names each rank, its node and the last lines of the log."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,36 @@ class PlacementOptions:
 def resolve(where: str) -> str:
     """"auto": the allocation when its owner is reachable, else local."""
     return where if where != "auto" else "allocation" if owner_socket() else "local"
+
+
+def default_ranks(mode: str) -> int:
+    """One rank per task slot of the kernel's job ("allocation": the slots its batch system gave it, one per GPU
+    where the job has GPUs); :data:`LOCAL_RANKS` elsewhere."""
+    sock = owner_socket() if mode == "allocation" else None
+    if sock:
+        slots = request(sock, "GET", "/allocation", timeout=30).get("slots") or []
+        if sum(slots) > 0:
+            return sum(slots)
+    return LOCAL_RANKS
+
+
+def log_tail(path: str, offset: int = 0, lines: int = LOG_LINES, limit: int = 1 << 16) -> str:
+    """The last ``lines`` lines of ``path`` after ``offset`` (at most ``limit`` bytes read), "" when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(offset, f.seek(0, os.SEEK_END) - limit))
+            text = f.read(limit).decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def engines_failed_message(exits, log: str, tail: str) -> str:
+    """What a user reads when engines ended before joining: each rank, its node, how, and the log's last lines."""
+    which = "; ".join(f"rank {e.rank} on {e.node}: {e.how}" for e in exits)
+    return (f"the engine of {which}, before it joined the session. Its log: {log}; its last lines:\n{tail}\n"
+            "(A missing image: pull it with hpcdl-containers pull, or give TrainingSession(image=...); "
+            "a Python error: the image lacks what the ranks import.)")
 
 
 class Placement:
@@ -126,7 +165,7 @@ class Placement:
 
     def _engines_by_task(self, addr: str, get) -> Engines:
         """Wait for the engines the batch system started; order them by task (the ranks) and say where they run."""
-        self.client.wait_for_engines(self.options.ranks, timeout=self.options.start_timeout)
+        self.client.wait_for_engines(self.options.ranks, timeout=self.options.start_timeout)  # (at once if up)
         engines = sorted(self.client.ids)[: self.options.ranks]
         tasks = get(self.client[engines].apply_async(_task), "finding the ranks' tasks",
                     self.options.start_timeout)
@@ -175,10 +214,26 @@ class AllocationPlacement(Placement):
         on_controller()
         connection = self._engines_connection_file(min(60.0, o.start_timeout))
         gpus = 1 if os.environ.get("CUDA_VISIBLE_DEVICES") else 0  # each rank sees only its own GPU
-        request(sock, "POST", "/engines", {"ranks": o.ranks, "image": o.image, "connection_file": connection,
-                                           "gpus_per_rank": gpus, "mpi": o.mpi})
+        step = request(sock, "POST", "/engines", {"ranks": o.ranks, "image": o.image,
+                                                  "connection_file": connection, "gpus_per_rank": gpus, "mpi": o.mpi})
         self.client = self.cluster.connect_client_sync()
+        self._wait_for_engines(step.get("log"), int(step.get("log_offset") or 0))
         return self._engines_by_task(addr, get)
+
+    def _wait_for_engines(self, log: str | None, offset: int) -> None:
+        """Wait for the engines to register, and fail as soon as the step's log says one of them ended."""
+        o = self.options
+        deadline = time.monotonic() + o.start_timeout
+        while len(self.client.ids) < o.ranks:
+            exits = task_exits(log_tail(log, offset, lines=10_000)) if log else []
+            if exits:
+                raise EnginesFailed(engines_failed_message(exits, log, log_tail(log, offset)))
+            if time.monotonic() > deadline:
+                tail = f", its last lines:\n{log_tail(log, offset)}" if log else ""
+                raise TimeoutError(f"{o.ranks} engines not ready in {o.start_timeout:g} seconds ("
+                                   f"{len(self.client.ids)} ready; the job's queue or the image's start is slow): "
+                                   f"their log is {log}{tail}")
+            time.sleep(0.25)
 
     def time_left(self) -> float | None:
         sock = owner_socket()

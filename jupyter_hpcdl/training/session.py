@@ -35,8 +35,8 @@ from . import scripts as script_side
 from .experiments import run_scaling
 from .joining import check_one_world, gloo_envs, mpi_envs
 from .metrics import MetricsTable, rank_rows, straggler_ranks
-from .placement import (PLACES, Placement, PlacementOptions, container_engine_cmd, owner_socket, placement_for,
-                        resolve)
+from .placement import (LOCAL_RANKS, PLACES, Placement, PlacementOptions, container_engine_cmd,
+                        default_ranks, owner_socket, placement_for, resolve)
 from .reaper import start_reaper, stop_reaper
 from .spec import TrainingSpec, check_batch_size, make_spec
 from .walltime import DEFAULT_MARGIN, WalltimeWatch
@@ -101,13 +101,15 @@ class _Drive:
 
 
 class TrainingSession:
-    def __init__(self, ranks: int = 2, iface: str | None = None, tf_threads: int = 1, env: dict | None = None,
+    def __init__(self, ranks: int | None = None, iface: str | None = None, tf_threads: int = 1, env: dict | None = None,
                  engine_cmd: list[str] | None = None, start_timeout: float = 120, where: str = "auto",
                  image: str | None = None, controller_ip: str | None = None, containers: bool = False,
                  new_allocation: NewAllocation | None = None, world: str = "gloo", stall_timeout: float = 60,
                  call_timeout: float = 600, stop_grace: float = 30, walltime_margin: float = DEFAULT_MARGIN,
                  checkpoint_dir: str = "~/.jupyter-hpcdl/checkpoints"):
-        """``where``: "local" (engines on this machine), "allocation" (one engine per rank across the nodes of the
+        """``ranks``: how many; by default one per task slot of the job this kernel runs in (one per GPU where the
+        job has GPUs: what the server's form asked for), and two elsewhere (``where="local"`` or "new").
+        ``where``: "local" (engines on this machine), "allocation" (one engine per rank across the nodes of the
         batch job this kernel runs in, each in the user's container for ``image``: by default the image this kernel
         runs in), "new" (a new batch job for the
         ranks, as ``new_allocation`` asks, submitted from here: needs the scheduler's client), or "auto" (the
@@ -131,8 +133,11 @@ class TrainingSession:
             raise ValueError("world must be 'gloo' (the session's own rendezvous) or 'mpi' (the site's MPI)")
         self.world_kind = world
         self.new_allocation = new_allocation or NewAllocation()
+        if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1):
+            raise ValueError(f"ranks must be a whole number of at least 1, not {ranks!r} (or leave it out: one rank "
+                             "per slot of the job)")
         if where == "new":
-            rank_job(self.new_allocation, ranks, "check", "/check")  # bad values fail here, not at start
+            rank_job(self.new_allocation, ranks or LOCAL_RANKS, "check", "/check")  # bad values fail here, not at start
         self.ranks = ranks
         self.where = where
         self.image = image = image or kernel_image()
@@ -178,6 +183,8 @@ class TrainingSession:
     def start(self) -> list[dict]:
         """Start the engines and join them into one Horovod world (Gloo, or MPI); return each rank's description."""
         self.mode = resolve(self.where)
+        if self.ranks is None:
+            self.ranks = default_ranks(self.mode)
         os.makedirs(self._dir, mode=0o700, exist_ok=True)  # again after close()
         self._report("starting")
         self._placement = placement_for(self.mode, PlacementOptions(
