@@ -1,6 +1,8 @@
 """Jupyter server extension: inside a batch job, run the allocation's owner (see owner.py) on a Unix socket in
 the user's private job directory, so that kernels (inside containers) can ask it for engines and report their
-training session; serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenticated) to the JupyterLab panel; and
+training session; serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenticated) to the JupyterLab panel, and
+``POST <base_url>jupyter-hpcdl/notebooks``, which copies the package's notebooks into the server's root directory
+(see material.py); and
 have the server accept on the socket the job chose its port with, so that the port is never free for another user.
 
 Both handlers are coroutines that await the owner's router on the server's own event loop: the owner's commands are
@@ -8,6 +10,7 @@ asyncio subprocesses, so a slow ``sbatch`` blocks only the request that asked fo
 the loop alone touches the owner's state (no threads)."""
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import os
@@ -20,6 +23,7 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_unix_socket
 
+from .material import NOTEBOOKS_DIR, copy_notebooks
 from .owner import SOCKET_ENV, AllocationOwner, default_socket_path, handle
 
 #: The descriptor of the socket the job listens on the server's port with (set by the job; the server accepts on it).
@@ -65,6 +69,28 @@ class AllocationHandler(APIHandler):
     async def get(self) -> None:
         status, reply = await handle(self.owner, "GET", "/allocation", {})
         self.set_status(status)
+        self.finish(json.dumps(reply))
+
+
+class NotebooksHandler(APIHandler):
+    """Copy the package's notebooks into ``hpcdl-notebooks/`` of the server's root directory, keeping what is there;
+    the answer says what was copied and kept, and the first notebook's path (relative to the root)."""
+
+    auth_resource = "hpcdl"
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        root = os.path.expanduser(self.settings.get("server_root_dir") or "~")
+        try:
+            result = await asyncio.to_thread(copy_notebooks, os.path.join(root, NOTEBOOKS_DIR))
+        except OSError as e:
+            self.set_status(500)
+            self.finish(json.dumps({"message": f"could not copy the notebooks into ~/{NOTEBOOKS_DIR}: {e}"}))
+            return
+        reply = result.as_dict()
+        reply.update(directory=NOTEBOOKS_DIR, first=os.path.relpath(reply["first"], root),
+                     message=" ".join(result.lines()))
         self.finish(json.dumps(reply))
 
 
@@ -122,8 +148,9 @@ def _load_jupyter_server_extension(serverapp):
     if held.isdigit():
         serve_on_held_socket(serverapp, int(held))
     owner = AllocationOwner()
-    route = url_path_join(serverapp.web_app.settings["base_url"], "jupyter-hpcdl", "allocation")
-    serverapp.web_app.add_handlers(".*$", [(route, AllocationHandler, {"owner": owner})])
+    base = url_path_join(serverapp.web_app.settings["base_url"], "jupyter-hpcdl")
+    serverapp.web_app.add_handlers(".*$", [(url_path_join(base, "allocation"), AllocationHandler, {"owner": owner}),
+                                           (url_path_join(base, "notebooks"), NotebooksHandler)])
     if not owner.job_id:
         serverapp.log.info("jupyter_hpcdl: not inside a batch job; no allocation owner")
         return

@@ -192,3 +192,58 @@ function optString(value: unknown): string | null {
 function optNumber(value: unknown): number | null {
   return typeof value === 'number' && Number.isFinite(value) ? value : null;
 }
+
+/** What POST <baseUrl>jupyter-hpcdl/notebooks did. */
+export interface INotebooksCopy {
+  /** The directory, relative to the server's root (the home). */
+  directory: string;
+  /** The first notebook's path, relative to the server's root. */
+  first: string;
+  copied: string[];
+  /** Files already there that differ (the user's changes): never overwritten. */
+  kept: string[];
+  message: string;
+}
+
+/**
+ * Copy the package's notebooks into the user's home (keeping what is there).
+ * Rejects with an AllocationError whose message is fit to show.
+ */
+export async function copyNotebooks(
+  settings: ServerConnection.ISettings
+): Promise<INotebooksCopy> {
+  const url = URLExt.join(settings.baseUrl, 'jupyter-hpcdl', 'notebooks');
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(
+      url,
+      { method: 'POST' },
+      settings
+    );
+  } catch (error) {
+    throw new AllocationError(
+      `Cannot reach the server: ${(error as Error).message}`
+    );
+  }
+  let body: unknown = undefined;
+  try {
+    body = JSON.parse(await response.text());
+  } catch {
+    // reported below by status
+  }
+  if (!response.ok || !isObject(body) || typeof body.first !== 'string') {
+    const message =
+      isObject(body) && typeof body.message === 'string' && body.message
+        ? body.message
+        : `${response.status} ${response.statusText}`.trim();
+    throw new AllocationError(`Notebooks: ${message}`);
+  }
+  const names = (raw: unknown) => (Array.isArray(raw) ? raw.map(String) : []);
+  return {
+    directory: String(body.directory ?? ''),
+    first: String(body.first),
+    copied: names(body.copied),
+    kept: names(body.kept),
+    message: String(body.message ?? '')
+  };
+}

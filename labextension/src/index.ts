@@ -1,12 +1,13 @@
 /**
  * jupyter-hpcdl's JupyterLab front end: a sidebar panel with the batch job's
- * allocation and ranks, a status-bar item with the walltime left, and a
- * command that opens the training dashboard in a new notebook.
+ * allocation and ranks, a status-bar item with the walltime left, a
+ * command that opens the training dashboard in a new notebook, and one that
+ * copies the tutorial notebooks into the home and opens the first.
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { fetchAllocation } from './api';
+import { copyNotebooks, fetchAllocation } from './api';
 import { openDashboard } from './dashboard';
 import { hpcIcon } from './icon';
 import { AllocationModel } from './model';
@@ -15,6 +16,7 @@ import { AllocationStatus } from './statusbar';
 
 const PANEL_ID = 'jupyter-hpcdl-panel';
 const OPEN_DASHBOARD = 'jupyter-hpcdl:open-dashboard';
+const GET_NOTEBOOKS = 'jupyter-hpcdl:get-notebooks';
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: '@jupyter-hpcdl/labextension:plugin',
@@ -32,8 +34,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: () => openDashboard(app)
     });
 
-    const panel = new AllocationPanel(model, () =>
-      app.commands.execute(OPEN_DASHBOARD)
+    app.commands.addCommand(GET_NOTEBOOKS, {
+      label: 'Get the jupyter-hpcdl Notebooks',
+      caption:
+        'Copy the tutorial notebooks into ~/hpcdl-notebooks (your changes are kept) and open the first',
+      icon: hpcIcon,
+      execute: async () => {
+        const copy = await copyNotebooks(settings);
+        await app.commands.execute('docmanager:open', { path: copy.first });
+        return copy.message;
+      }
+    });
+
+    const panel = new AllocationPanel(
+      model,
+      () => app.commands.execute(OPEN_DASHBOARD),
+      () => app.commands.execute(GET_NOTEBOOKS) as Promise<string>
     );
     panel.id = PANEL_ID;
     panel.title.icon = hpcIcon;

@@ -12,7 +12,8 @@ const WARN_SECONDS = 15 * 60;
 export class AllocationPanel extends Widget {
   constructor(
     private readonly _model: AllocationModel,
-    onOpenDashboard: () => Promise<unknown>
+    onOpenDashboard: () => Promise<unknown>,
+    onGetNotebooks: () => Promise<string>
   ) {
     super();
     this.addClass('jp-hpcdl-panel');
@@ -29,17 +30,37 @@ export class AllocationPanel extends Widget {
     button.title = 'New notebook that shows the training dashboard';
     button.addEventListener('click', () => {
       button.disabled = true;
+      this._actionError.hidden = true;
       onOpenDashboard()
-        .catch(error => this._showActionError(error))
+        .catch(error => this._showActionError('Cannot open the dashboard', error))
         .finally(() => (button.disabled = false));
     });
+
+    const notebooks = document.createElement('button');
+    notebooks.className = 'jp-hpcdl-get-notebooks jp-mod-styled';
+    notebooks.textContent = 'Get the notebooks';
+    notebooks.title =
+      'Copy the tutorial notebooks into ~/hpcdl-notebooks (your changes are kept) and open the first';
+    notebooks.addEventListener('click', () => {
+      notebooks.disabled = true;
+      this._actionError.hidden = true;
+      onGetNotebooks()
+        .then(message => {
+          this._actionNote.textContent = message;
+          this._actionNote.hidden = false;
+        })
+        .catch(error => this._showActionError('Cannot get the notebooks', error))
+        .finally(() => (notebooks.disabled = false));
+    });
+    this._actionNote.className = 'jp-hpcdl-note';
+    this._actionNote.hidden = true;
 
     this._actionError.className = 'jp-hpcdl-error';
     this._actionError.hidden = true;
 
     const actions = document.createElement('div');
     actions.className = 'jp-hpcdl-actions';
-    actions.append(button, this._actionError);
+    actions.append(button, notebooks, this._actionNote, this._actionError);
 
     this.node.append(header, this._body, actions);
 
@@ -186,8 +207,8 @@ export class AllocationPanel extends Widget {
     this._timeLeft.classList.toggle('jp-mod-warn', left !== null && left < WARN_SECONDS);
   }
 
-  private _showActionError(error: unknown): void {
-    this._actionError.textContent = `Cannot open the dashboard: ${
+  private _showActionError(what: string, error: unknown): void {
+    this._actionError.textContent = `${what}: ${
       (error as Error)?.message || String(error)
     }`;
     this._actionError.hidden = false;
@@ -195,6 +216,7 @@ export class AllocationPanel extends Widget {
 
   private readonly _body = document.createElement('div');
   private readonly _actionError = document.createElement('p');
+  private readonly _actionNote = document.createElement('p');
   private _timeLeft: HTMLElement | null = null;
 }
 
