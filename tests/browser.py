@@ -12,6 +12,7 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parents[1] / "artifacts" / "screenshots"
+PANEL_TAB = '.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="jupyter-hpcdl-panel"]'
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -47,3 +48,9 @@ def hub_login(page, bed: dict, user: str) -> None:
     page.fill("#password_input", password)
     page.click("#login_submit")
     page.wait_for_load_state()
+
+
+def open_panel(page) -> None:
+    """The HPC allocation panel in JupyterLab's left sidebar."""
+    page.locator(PANEL_TAB).click()
+    page.locator("#jupyter-hpcdl-panel").wait_for(state="visible", timeout=30_000)

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from browser import SHOTS, hub_login, quiet_lab_settings
+from browser import PANEL_TAB, SHOTS, hub_login, open_panel, quiet_lab_settings
 from hubclient import Hub
 from jupyterserver import running_jupyter
 
-PANEL_TAB = '.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="jupyter-hpcdl-panel"]'
 LINES = ".hpcdl-dashboard .bqplot path.line"
 
 
@@ -27,11 +26,6 @@ def local_lab(tmp_path):
                          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
                          env={"HOME": str(home), "TF_CPP_MIN_LOG_LEVEL": "2"}) as lab:
         yield lab
-
-
-def _open_panel(page):
-    page.locator(PANEL_TAB).click()
-    page.locator("#jupyter-hpcdl-panel").wait_for(state="visible", timeout=30_000)
 
 
 def _open_dashboard(page, kernel_status: re.Pattern):
@@ -73,7 +67,7 @@ def test_outside_a_job_the_panel_says_so_and_the_dashboard_trains_and_scales(loc
     page = browser_page
     page.goto(f"{url}/lab?reset&token={token}")
     page.locator(PANEL_TAB).wait_for(timeout=60_000)
-    _open_panel(page)
+    open_panel(page)
     page.locator(".jp-hpcdl-not-in-job").wait_for(timeout=30_000)
     assert "Not in a batch job" in page.inner_text(".jp-hpcdl-not-in-job")
     assert not page.locator(".jp-hpcdl-statusbar").is_visible(), "no walltime outside a job"
@@ -113,7 +107,7 @@ def test_in_alices_job_the_panel_shows_the_allocation_and_the_ranks(bed, alice, 
         hub_login(page, bed, "alice")
         page.goto(bed["hub_url"] + "/user/alice/lab?reset")
         page.locator(PANEL_TAB).wait_for(timeout=120_000)
-        _open_panel(page)
+        open_panel(page)
         page.locator(".jp-hpcdl-job-id").wait_for(timeout=30_000)
         assert page.inner_text(".jp-hpcdl-job-id").strip() in job
         assert page.inner_text(".jp-hpcdl-partition").strip() == "gpu"
