@@ -20,13 +20,16 @@ WORKSHOP_PORT = 8092  # the instructor's page (a hub-managed service on loopback
 WORKSHOP_GROUP = "workshop"
 PARTITION = "gpu"
 CPU_PARTITION = "cpu"  # the same nodes without GPUs: a workshop's first steps
+#: The same GPU nodes once more, in a partition whose GPUs are asked for by type (the nodes' GPUs have this type in
+#: Slurm: a request without a type still gets any of them). Slurm's hub only: Grid Engine's needs a complex for it.
+TYPED_PARTITION, GPU_TYPE = "typed", "sim"
 CPUS_PER_NODE = 16
 
 
 def slurm_conf(state: Path, cpus: int = CPUS_PER_NODE, memory_mb: int = 4000) -> str:
     nodes = "\n".join(
         f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={cpus} RealMemory={memory_mb} "
-        f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN" for n, p in NODES.items()
+        f"Gres=gpu:{GPU_TYPE}:{GPUS_PER_NODE} State=UNKNOWN" for n, p in NODES.items()
     )
     return f"""# jupyter-hpcdl test bed: one controller, {len(NODES)} slurmd on this machine playing GPU nodes.
 ClusterName=hpcdl
@@ -67,12 +70,14 @@ InactiveLimit=0
 {nodes}
 PartitionName={PARTITION} Nodes={",".join(NODES)} Default=YES MaxTime=1-00:00:00 DefaultTime=01:00:00 State=UP
 PartitionName={CPU_PARTITION} Nodes={",".join(NODES)} MaxTime=04:00:00 DefaultTime=01:00:00 State=UP
+PartitionName={TYPED_PARTITION} Nodes={",".join(NODES)} MaxTime=04:00:00 DefaultTime=01:00:00 State=UP
 """
 
 
 def gres_conf(state: Path) -> str:
     # Slurm needs device files for GPUs: symlinks to /dev/null stand in for /dev/nvidia0..3.
-    return f"NodeName={','.join(NODES)} Name=gpu File={state}/gpu/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+    return (f"NodeName={','.join(NODES)} Name=gpu Type={GPU_TYPE} "
+            f"File={state}/gpu/nvidia[0-{GPUS_PER_NODE - 1}]\n")
 
 
 def registry_conf(state: Path) -> str:
@@ -137,6 +142,10 @@ def _hub_config(state: Path, prefix: Path, users: list[str], password: str, work
                 node_names: list[str]) -> str:
     nodes = {n: "127.0.0.1" for n in node_names}  # a job's server listens on its route to the hub: loopback
     d = state / place.dirname
+    typed = (f""",\n                            "{TYPED_PARTITION}": {{"max_nodes": {len(NODES)}, "max_gpus_per_node": """
+             f"""{GPUS_PER_NODE}, "max_walltime": "04:00:00", "gpu_types": ["{GPU_TYPE}"],\n"""
+             f"""                                         "description": "the same GPU nodes, by GPU type"}}"""
+             if place.scheduler == "slurm" else "")
     return f"""# jupyter-hpcdl test bed hub: on loopback only, with configurable-http-proxy.
 c = get_config()  # noqa
 c.JupyterHub.ip = "127.0.0.1"
@@ -172,7 +181,7 @@ c.SiteProfile.partitions = {{"{PARTITION}": {{"max_nodes": {len(NODES)}, "max_gp
                                          "max_walltime": "04:00:00", "max_memory_gb": 3,
                                          "description": "test-bed GPU nodes"}},
                             "{CPU_PARTITION}": {{"max_nodes": 1, "max_gpus_per_node": 0, "max_walltime": "04:00:00",
-                                         "description": "the same nodes, no GPU (workshops)"}}}}
+                                         "description": "the same nodes, no GPU (workshops)"}}{typed}}}
 c.SiteProfile.accounts = {{"*": ["hpcdl"], "alice": ["hpcdl", "alice-project"]}}
 c.SiteProfile.images = {{"base": {{"ref": "hpcdl/base:latest", "description": "TensorFlow 2.15, Horovod 0.28.1"}},
                         "os": {{"ref": "hpcdl/os:latest", "description": "Debian 12 and Python, no TensorFlow",

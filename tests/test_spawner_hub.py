@@ -343,6 +343,23 @@ def test_form_offers_availability_and_preview_and_refuses_bad_values(bed, clean)
     assert "nosuch" not in servers
 
 
+def test_a_partition_with_gpu_types_offers_them_and_its_job_gets_the_type(bed, hub, clean):
+    """The bed's "typed" partition (the same nodes, their GPUs of Slurm type "sim"): the form offers the type, the
+    preview shows it, and a spawn from the form with what it shows runs on GPUs of that type."""
+    s = _user_session(bed, "alice")
+    page = s.get("/hub/spawn")
+    assert re.search(r'<option value="sim" data-partition="typed"', page), "the form offers the partition's type"
+    preview = json.loads(s.get("/hub/api/hpcdl/preview?partition=typed&nodes=1&gpus_per_node=2&walltime=00:20:00"
+                               "&_xsrf=" + s.xsrf()))
+    assert "#SBATCH --gres=gpu:sim:2" in preview["script"], preview["script"]
+    s.post("/hub/spawn", {"partition": "typed", "nodes": "1", "gpus_per_node": "2", "gpu_type": "sim",
+                          "walltime": "00:20:00", "account": "hpcdl", "image": "base"})
+    hub.wait_ready("alice")
+    (job_id, state, _), = jobs("alice")
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+    assert state == "RUNNING" and "Partition=typed" in shown and re.search(r"gpu:sim[:=]2", shown), shown
+
+
 def test_a_job_that_fails_says_why_with_its_log(hub, clean):
     """bob's udocker holds no image: the job fails while preparing the container, and the spawn says so."""
     status, _ = spawn(hub, "bob", {"walltime": "00:10:00"})

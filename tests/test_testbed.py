@@ -14,12 +14,12 @@ def _json_lines(text):
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def test_nodes_offer_four_gpus_each(bed):
+def test_nodes_offer_four_gpus_each_of_one_type(bed):
     out = subprocess.run(["sinfo", "-h", "-N", f"--partition={bed['partition']}", "-o", "%N %G %T"], capture_output=True,
                          text=True, check=True).stdout
     rows = sorted(line.split() for line in out.splitlines())
     assert [r[0] for r in rows] == bed["nodes"]
-    assert all(r[1].startswith(f"gpu:{bed['gpus_per_node']}") and r[2] in ("idle", "mixed") for r in rows)
+    assert all(r[1].startswith(f"gpu:sim:{bed['gpus_per_node']}") and r[2] in ("idle", "mixed") for r in rows), rows
 
 
 def test_batch_job_tasks_run_in_the_container_on_both_nodes(bed, alice, alice_dir):
