@@ -91,4 +91,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(quickstart.main())
+    sys.exit(main())

@@ -193,17 +193,3 @@ def run(argv: list[str]) -> int | None:
                 pass
         return None
     return run_foreground(started[0])
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    code = run(argv)
-    if code is not None:
-        return code
-    from .cli import main as full
-
-    return full(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -92,7 +92,7 @@ GRACE_S = 10.0
 def _rendezvous(bind: str, hosts: list[tuple[str, int]]):
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
-    from ..training.rendezvous import SessionRendezvous
+    from .rendezvous import SessionRendezvous
 
     server = SessionRendezvous(bind=bind)  # only on the ranks' interface, only with the secret
     server.start()

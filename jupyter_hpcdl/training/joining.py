@@ -11,7 +11,7 @@ def gloo_envs(engines: Engines, ranks: int, iface: str | None = None):
     each rank's Gloo environment, in rank order."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
-    from .rendezvous import SessionRendezvous
+    from ..job.rendezvous import SessionRendezvous
 
     rendezvous = SessionRendezvous(bind=engines.addr)
     port = rendezvous.start()

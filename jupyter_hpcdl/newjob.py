@@ -1,4 +1,0 @@
-"""Moved to :mod:`jupyter_hpcdl.job.newjob`; this name stays for code and job scripts written before."""
-from jupyter_hpcdl._moved import alias
-
-alias(__name__, "jupyter_hpcdl.job.newjob")
