@@ -234,3 +234,35 @@ def test_no_adapter_line_can_carry_a_newline():
     for scheduler in (Pbs(), Lsf()):
         for line in scheduler.header(REQ, "jupyterhub-hpcdl", "/tmp/x.log", "/tmp", MARK):
             assert "\n" not in line and re.fullmatch(r"#(PBS|BSUB) -\S+( \S+)?", line), line
+
+
+def test_each_adapter_says_which_roles_it_serves_and_refuses_the_others_with_what_it_does():
+    from jupyter_hpcdl.batchsystems.gridengine import GridEngine
+    from jupyter_hpcdl.batchsystems.scheduler import ROLES, RoleUnsupported, Scheduler, require, serves
+    from jupyter_hpcdl.batchsystems.slurm import Slurm
+
+    assert {cls.__name__: [r for r in ROLES if serves(cls, r)] for cls in (Slurm, GridEngine, Pbs, Lsf)} == {
+        "Slurm": ["hub", "job", "ranks"], "GridEngine": ["hub", "job", "ranks"], "Pbs": ["hub"], "Lsf": ["hub"]}
+    require(Slurm(), "job")
+    with pytest.raises(RoleUnsupported, match=r"^the lsf adapter does not serve jobs of ranks that a notebook submits "
+                                              r"\(where=\"new\", BatchRun\) yet \(it serves: the hub's servers"):
+        require(Lsf(), "ranks")
+
+    class HalfDone(Scheduler):  # the job's queries, but no way to start its tasks
+        name = "half"
+
+        def hosts_argv(self, env):
+            return None
+
+        def parse_hosts(self, stdout, env):
+            return [("n", 1)]
+
+        def resources_argv(self, job_id):
+            return ["true"]
+
+        def parse_resources(self, stdout, now):
+            return None
+
+    assert not serves(HalfDone, "job") and not serves(HalfDone, "hub")
+    with pytest.raises(RoleUnsupported, match="it serves: nothing yet"):
+        require(HalfDone(), "hub")

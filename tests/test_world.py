@@ -244,7 +244,9 @@ def test_an_owner_in_a_job_of_an_adapter_without_the_jobs_side_says_so():
     owner = AllocationOwner(environ={"PATH": "/usr/bin:/bin", "PBS_JOBID": "5.server", "PBS_ENVIRONMENT": "PBS_BATCH"})
     assert owner.sched is not None and owner.sched.name == "pbs" and owner.job_id == "5.server"
     status, reply = ask(owner, "GET", "/allocation", {})
-    assert status == 400 and "not supported in a pbs job yet" in reply["message"]
+    assert status == 400 and reply["message"].startswith(
+        "the pbs adapter does not serve training inside its jobs (the allocation's owner, its tasks, hpcdl-launch) "
+        "yet (it serves: the hub's servers (the form's jobs);"), reply
 
 
 def test_tasks_say_what_is_missing_instead_of_a_traceback(capsys, monkeypatch):
@@ -255,7 +257,7 @@ def test_tasks_say_what_is_missing_instead_of_a_traceback(capsys, monkeypatch):
     assert main(["--ranks=1", "--", "true"]) == 2 and "not inside a batch job" in capsys.readouterr().err
     monkeypatch.setenv("PBS_JOBID", "5.server")
     assert main(["--ranks=1", "--", "true"]) == 2
-    assert "inside a pbs job is not supported yet" in capsys.readouterr().err
+    assert "the pbs adapter does not serve training inside its jobs" in capsys.readouterr().err
 
 
 class _HereAdapter:

@@ -260,6 +260,51 @@ class Scheduler(Configurable):
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class Role:
+    """One use of an adapter, and the members it needs (each overridden from :class:`Scheduler`; of ``any_of`` at
+    least one defined)."""
+
+    name: str
+    what: str
+    needs: tuple[str, ...]
+    any_of: tuple[str, ...] = ()
+
+
+#: The adapters' three roles: the hub's servers; the job's own side (the allocation's owner, its tasks,
+#: hpcdl-launch: training inside a server's job); jobs of ranks that a notebook submits from inside a job.
+ROLES = {r.name: r for r in (
+    Role("hub", "the hub's servers (the form's jobs)",
+         ("options", "submit_argv", "parse_submit", "queue_argv", "parse_queue", "job_argv", "parse_job",
+          "named_jobs_argv", "parse_job_ids", "comment_argv", "job_forgotten", "cancel_argv", "availability_argv",
+          "parse_availability")),
+    Role("job", "training inside its jobs (the allocation's owner, its tasks, hpcdl-launch)",
+         ("hosts_argv", "parse_hosts", "resources_argv", "parse_resources"), ("step_argv", "task_argv")),
+    Role("ranks", "jobs of ranks that a notebook submits (where=\"new\", BatchRun)",
+         ("rank_job_options", "submit_file_argv")),
+)}
+
+
+class RoleUnsupported(ValueError):
+    """An adapter asked for a role it does not serve; the message names the role and what the adapter serves."""
+
+
+def serves(sched: Scheduler | type[Scheduler], role: str) -> bool:
+    """Whether the adapter ``sched`` (an instance or its class) serves ``role`` (a key of :data:`ROLES`)."""
+    cls = sched if isinstance(sched, type) else type(sched)
+    needed = ROLES[role]
+    return (all(getattr(cls, m, None) is not getattr(Scheduler, m, None) for m in needed.needs)
+            and (not needed.any_of or any(hasattr(cls, m) for m in needed.any_of)))
+
+
+def require(sched: Scheduler, role: str) -> None:
+    """RoleUnsupported, saying what the adapter does serve, unless it serves ``role``."""
+    if not serves(sched, role):
+        served = "; ".join(ROLES[r].what for r in ROLES if serves(sched, r)) or "nothing yet"
+        raise RoleUnsupported(f"the {sched.name} adapter does not serve {ROLES[role].what} yet (it serves: {served}; "
+                              "docs/spawner.md, 'What each adapter serves')")
+
+
 def handed_config(text: str | None) -> Config:
     """The configuration a job was handed (:data:`CONFIG_ENV`'s value); empty if none. ValueError if it is not the
     JSON object of objects that :meth:`Scheduler.job_config` writes."""

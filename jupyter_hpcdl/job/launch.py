@@ -24,7 +24,7 @@ from functools import partial
 
 from ..atomic import write_json
 from ..containers.site import load_site
-from ..batchsystems.scheduler import job_scheduler
+from ..batchsystems.scheduler import job_scheduler, serves
 from .tasks import job_hosts, supervise
 from .world import Slot, gloo_env, iface_for, plan_slots, task_slot
 
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.image:
         print("hpcdl-launch: give --image: the image whose container runs each rank", file=sys.stderr)
         return 2
-    elif not hasattr(sched, "step_argv") and not hasattr(sched, "task_argv"):
+    elif not serves(sched, "job"):
         print(f"hpcdl-launch: starting ranks inside a {sched.name} job is not supported yet (Slurm and Grid Engine "
               "are); give --local N to run N ranks on this node", file=sys.stderr)
         return 2

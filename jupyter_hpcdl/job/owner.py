@@ -262,6 +262,13 @@ class AllocationOwner:
 
     async def hosts(self) -> list[tuple[str, int]]:
         """The job's hosts and their task slots."""
+        from ..batchsystems.scheduler import RoleUnsupported, require
+
+        try:
+            require(self.sched, "job")
+        except RoleUnsupported as e:
+            raise RoleUnsupported(f"{e}; in this job, TrainingSession(where='local') runs ranks on its first node") \
+                from None
         argv = self.sched.hosts_argv(self.environ)
         out = (await run_command_async(argv, QUERY_TIMEOUT_S, self.environ)) if argv else None
         if out is not None and out.returncode:
@@ -368,10 +375,10 @@ class AllocationOwner:
         path = os.path.realpath(batch_file) if isinstance(batch_file, str) else ""
         if not path.startswith(home + os.sep) or not os.path.isfile(path):
             raise ValueError("batch_file must be an existing file in your home directory")
-        try:
-            argv = sched.submit_file_argv(path)
-        except NotImplementedError:
-            raise ValueError(f"submitting jobs from a notebook is not supported on {sched.name} yet") from None
+        from ..batchsystems.scheduler import require
+
+        require(sched, "ranks")
+        argv = sched.submit_file_argv(path)
         env = {k: v for k, v in self.environ.items() if not k.startswith(sched.job_env_prefixes or ("\0",))}
         out = await run_command_async(argv, COMMAND_TIMEOUT_S, env)
         if out.returncode:
@@ -474,7 +481,7 @@ async def handle(owner: AllocationOwner, method: str, path: str, body: dict) -> 
         return 404, {"message": f"no {method} {path}"}
     except (ValueError, OSError, subprocess.SubprocessError) as e:
         return 400, {"message": str(e)}
-    except NotImplementedError:
+    except NotImplementedError:  # a member an adapter's roles do not cover
         name = owner.sched.name if owner.sched else "this batch system"
         return 400, {"message": f"{method} {path} is not supported in a {name} job yet (Slurm and Grid Engine are)"}
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
-import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -196,8 +196,9 @@ def run_one(args, command: list[str]) -> int:
 
 
 def run_tasks(sched, args, command: list[str]) -> int:
-    if not hasattr(sched, "step_argv") and not hasattr(sched, "task_argv"):
-        raise ValueError(f"starting tasks inside a {sched.name} job is not supported yet (Slurm and Grid Engine are)")
+    from ..batchsystems.scheduler import require
+
+    require(sched, "job")  # (RoleUnsupported, a ValueError, says what the adapter serves)
     hosts = job_hosts(sched, os.environ)
     ranks = args.ranks or sum(n for _, n in hosts)
     if hasattr(sched, "step_argv"):
@@ -260,9 +261,6 @@ def main(argv: list[str] | None = None) -> int:
         return run_tasks(sched, args, command)
     except (ValueError, OSError, subprocess.SubprocessError) as e:
         print(f"jupyter_hpcdl.job.tasks: {e}", file=sys.stderr)
-        return 2
-    except NotImplementedError:
-        print("jupyter_hpcdl.job.tasks: this batch system's adapter cannot list a job's hosts yet", file=sys.stderr)
         return 2
 
 

@@ -35,7 +35,8 @@ from .options import JobRequest, OptionsError, request_to_options, validate_opti
 from .profile import Profile, SiteProfile, offer_json
 from .queue import JobQueue, shared_queue
 from ..controls import escape_controls
-from ..batchsystems.scheduler import ENDED, PENDING, RUNNING, UNKNOWN, JobInfo, Scheduler, load_scheduler
+from ..batchsystems.scheduler import (ENDED, PENDING, ROLES, RUNNING, UNKNOWN, JobInfo, Scheduler, load_scheduler,
+                                      require, serves)
 from .script import ScriptContext, build_batch_script
 
 JOB_ENV = ("PATH", "HOME", "USER", "LANG")
@@ -135,6 +136,13 @@ class HpcdlSpawner(Spawner):
     def scheduler(self) -> Scheduler:
         if getattr(self, "_scheduler", None) is None or self._scheduler.name != self.profile.scheduler:
             self._scheduler = load_scheduler(self.profile.scheduler, parent=self)
+            require(self._scheduler, "hub")
+            missing = [ROLES[r].what for r in ROLES if not serves(self._scheduler, r)]
+            if missing and self.profile.scheduler not in _SAID_ROLES:
+                _SAID_ROLES.add(self.profile.scheduler)
+                self.log.warning("jupyter-hpcdl: the %s adapter does not serve %s yet: in its jobs, a training session "
+                                 "runs its ranks on the job's first node only, with where='local' (docs/spawner.md, "
+                                 "'What each adapter serves')", self.profile.scheduler, " or ".join(missing))
         return self._scheduler
 
     @property
@@ -491,6 +499,7 @@ class HpcdlSpawner(Spawner):
 _FOLLOWING: set[HpcdlSpawner] = set()  # spawners following, in a start-up check, a job that was pending
 _ROUTES: list[asyncio.Task] = []
 _SWEEPER: OrphanSweeper | None = None
+_SAID_ROLES: set[str] = set()  # adapters whose missing roles the hub's log has told
 
 
 def _start_route_refresher(interval: float, log) -> None:

@@ -276,10 +276,9 @@ ENGINE_LAUNCHERS = {"slurm": ("slurm", "SlurmEngineSetLauncher"), "gridengine": 
 
 
 def _client_here(sched) -> bool:
-    try:
-        return shutil.which(sched.submit_file_argv("job")[0]) is not None
-    except NotImplementedError:
-        return False
+    from ..batchsystems.scheduler import serves
+
+    return serves(sched, "ranks") and shutil.which(sched.submit_file_argv("job")[0]) is not None
 
 
 def submitting_scheduler(env=None):
