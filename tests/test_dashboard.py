@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from jupyter_hpcdl.job import owner as owner_module
-from jupyter_hpcdl.job.owner import (MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, request, run_command,
-                                      session_report)
+from jupyter_hpcdl.commands import run_sync
+from jupyter_hpcdl.job.owner import MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, request, session_report
 from jupyter_hpcdl.batchsystems.slurm import parse_time_left
 from jupyter_hpcdl.jobvalues import gres_count
 from jupyter_hpcdl.dashboard.series import (batches_per_epoch, epoch_progress, parse_rank_counts, rank_series,
@@ -294,7 +294,7 @@ def test_a_hung_command_is_killed_and_named(fake_slurm, tmp_path, monkeypatch):
     wait_until(lambda: not group_alive(sbatch), "the hung sbatch and its sleep killed", 5)
     began = time.monotonic()
     with pytest.raises(TimeoutError, match=r"^sleep did not answer in 0\.2 s$"):  # the blocking one, for atexit
-        run_command(["sleep", "30"], 0.2)
+        run_sync(["sleep", "30"], 0.2)
     assert time.monotonic() - began < 5
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_hpcdl.spawner.commands import run
+from jupyter_hpcdl.commands import run
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.batchsystems.scheduler import JobRequest
 from jupyter_hpcdl.spawner.orphans import JobMark

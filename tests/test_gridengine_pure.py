@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_hpcdl.spawner import envfile
-from jupyter_hpcdl.spawner.commands import Result
+from jupyter_hpcdl.commands import Result
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine, phase
 from jupyter_hpcdl.batchsystems.scheduler import JobRequest
 from jupyter_hpcdl.spawner.orphans import JobMark, is_orphan

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from jupyter_hpcdl.spawner import queue as queue_module
-from jupyter_hpcdl.spawner.commands import Result
+from jupyter_hpcdl.commands import Result
 from jupyter_hpcdl.spawner import commands
 from jupyter_hpcdl.spawner.orphans import JobMark, OrphanSweeper, find_suspects, is_orphan
 from jupyter_hpcdl.spawner.queue import JobQueue

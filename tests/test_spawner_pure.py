@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from jupyter_hpcdl.spawner.api import parse_callback
-from jupyter_hpcdl.spawner.commands import Result, as_user
+from jupyter_hpcdl.commands import Result
+from jupyter_hpcdl.spawner.commands import as_user
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.spawner.orphans import JobMark
 from jupyter_hpcdl.spawner.options import FIELDS, OptionsError, request_to_options, validate_options

@@ -16,7 +16,7 @@ import pytest
 from traitlets.config import Config
 
 from hubclient import Hub
-from jupyter_hpcdl.spawner.commands import run
+from jupyter_hpcdl.commands import run
 from jupyter_hpcdl.batchsystems.scheduler import JobRequest
 from jupyter_hpcdl.batchsystems.scheduler import ENDED, Scheduler, load_scheduler
 from test_spawner_hub import KERNEL_REPORT, _server_token, _Session, progress_messages, spawn

@@ -13,7 +13,7 @@ import pytest
 
 from jupyter_hpcdl.batchsystems.scheduler import PENDING, RUNNING, JobInfo
 from jupyter_hpcdl.batchsystems.slurm import _SEP, Slurm
-from jupyter_hpcdl.spawner.commands import Result
+from jupyter_hpcdl.commands import Result
 from jupyter_hpcdl.spawner.queue import JobQueue
 from jupyter_hpcdl.workshop.attendees import parse_attendees
 from jupyter_hpcdl.workshop.cli import attendee_steps

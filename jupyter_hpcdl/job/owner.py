@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..containers.kernelspec import KERNEL_ENV, in_container_argv
 from ..containers.spec import check_image_ref
+from ..commands import Result, kill_group, run, run_sync
 from .tasks import TASK_NODE_ENV, TASK_RANK_ENV
 
 if TYPE_CHECKING:
@@ -100,55 +101,13 @@ RANK_FIELDS = {"rank": int, "node": str, "gpu": str, "container": str, "state": 
                "loss": float, "samples_per_s": float}
 
 
-def _hung(argv: Sequence[str], timeout: float) -> TimeoutError:
-    return TimeoutError(f"{argv[0]} did not answer in {timeout:g} s")
-
-
-def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def run_command(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None
-                ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` (in a process group of its own) to its end and take its output; past ``timeout`` seconds the
-    group is killed and :class:`TimeoutError` names the command."""
-    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          errors="replace", env=env, start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)  # leaving the with block reaps it
-            raise _hung(argv, timeout) from None
-    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
-
-
-async def run_command_async(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None
-                            ) -> subprocess.CompletedProcess[str]:
-    """:func:`run_command` without blocking the event loop; the group is killed too when the caller is cancelled."""
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE, env=env, start_new_session=True)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except asyncio.TimeoutError:
-        raise _hung(argv, timeout) from None
-    finally:
-        if proc.returncode is None:
-            _kill_group(proc.pid)
-            await proc.wait()
-    return subprocess.CompletedProcess(list(argv), proc.returncode, out.decode(errors="replace"),
-                                       err.decode(errors="replace"))
-
-
 def _scheduler(env: Mapping[str, str]) -> Scheduler | None:
     from ..batchsystems.scheduler import job_scheduler
 
     return job_scheduler(env)
 
 
-def _resources(sched: Scheduler, out: subprocess.CompletedProcess[str]) -> JobResources | None:
+def _resources(sched: Scheduler, out: Result) -> JobResources | None:
     return sched.parse_resources(out.stdout, time.time()) if out.returncode == 0 else None
 
 
@@ -162,7 +121,7 @@ def job_time_left(job_id: str | None = None, sched: Scheduler | None = None, tim
     if sched is None or not job_id:
         return None
     try:
-        found = _resources(sched, run_command(sched.resources_argv(job_id), timeout, env))
+        found = _resources(sched, run_sync(sched.resources_argv(job_id), timeout, env))
     except (OSError, ValueError, NotImplementedError):
         return None
     return found.time_left_s if found else None
@@ -172,7 +131,7 @@ async def job_time_left_async(sched: Scheduler, job_id: str, env: Mapping[str, s
                               timeout: float = QUERY_TIMEOUT_S) -> int | None:
     """:func:`job_time_left` on the event loop."""
     try:
-        found = _resources(sched, await run_command_async(sched.resources_argv(job_id), timeout, env))
+        found = _resources(sched, await run(sched.resources_argv(job_id), env=env, timeout=timeout))
     except (OSError, ValueError, NotImplementedError):
         return None
     return found.time_left_s if found else None
@@ -241,7 +200,7 @@ def _stopping(steps: list[subprocess.Popen], grace: float) -> Iterator[float]:
 
     for sig, patience in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for step in steps:  # a group outlives its leader while a member is left: that pid cannot be reused
-            _kill_group(step.pid, sig)
+            kill_group(step.pid, sig)
         deadline = time.monotonic() + patience
         while running() and time.monotonic() < deadline:
             yield 0.05
@@ -270,7 +229,7 @@ class AllocationOwner:
             raise RoleUnsupported(f"{e}; in this job, TrainingSession(where='local') runs ranks on its first node") \
                 from None
         argv = self.sched.hosts_argv(self.environ)
-        out = (await run_command_async(argv, QUERY_TIMEOUT_S, self.environ)) if argv else None
+        out = (await run(argv, env=self.environ, timeout=QUERY_TIMEOUT_S)) if argv else None
         if out is not None and out.returncode:
             raise ValueError(f"{argv[0]} could not list the job's hosts: {out.stderr.strip()[:300]}")
         return self.sched.parse_hosts(out.stdout if out else "", self.environ)
@@ -283,7 +242,7 @@ class AllocationOwner:
         from ..batchsystems.scheduler import OFFER_ENV
 
         hosts = await self.hosts()
-        out = await run_command_async(self.sched.resources_argv(self.job_id), QUERY_TIMEOUT_S, self.environ)
+        out = await run(self.sched.resources_argv(self.job_id), env=self.environ, timeout=QUERY_TIMEOUT_S)
         found = _resources(self.sched, out)
         now = time.time()
         gpus = None
@@ -380,7 +339,7 @@ class AllocationOwner:
         require(sched, "ranks")
         argv = sched.submit_file_argv(path)
         env = {k: v for k, v in self.environ.items() if not k.startswith(sched.job_env_prefixes or ("\0",))}
-        out = await run_command_async(argv, COMMAND_TIMEOUT_S, env)
+        out = await run(argv, env=env, timeout=COMMAND_TIMEOUT_S)
         if out.returncode:
             raise ValueError(f"{argv[0]} refused the job: {out.stderr.strip() or out.stdout.strip()}")
         job_id = sched.parse_submit(out.stdout)
@@ -402,13 +361,13 @@ class AllocationOwner:
             return {"job_id": job_id, "phase": UNKNOWN, "state": "", "reason": why[:300], "time_left_s": None}
 
         try:
-            out = await run_command_async(sched.job_argv(job_id), QUERY_TIMEOUT_S, self.environ)
+            out = await run(sched.job_argv(job_id), env=self.environ, timeout=QUERY_TIMEOUT_S)
             info = sched.parse_job(out.stdout) if out.returncode == 0 else None
             if info is None and (out.returncode == 0 or sched.job_forgotten(out.stderr)):
                 accounting = sched.accounting_argv(job_id)
                 if accounting is None:
                     return {"job_id": job_id, "phase": ENDED, "state": "", "reason": "", "time_left_s": None}
-                out = await run_command_async(accounting, QUERY_TIMEOUT_S, self.environ)
+                out = await run(accounting, env=self.environ, timeout=QUERY_TIMEOUT_S)
                 info = sched.parse_job(out.stdout) if out.returncode == 0 else None
                 if info is None:  # not (yet) in the accounting either
                     return unknown(f"{accounting[0]} does not know job {job_id} (yet)")
@@ -424,7 +383,9 @@ class AllocationOwner:
     async def cancel_job(self, job_id: str) -> dict:
         self._submitted(job_id)
         argv = self._batch_system().cancel_argv(job_id)
-        (await run_command_async(argv, COMMAND_TIMEOUT_S, self.environ)).check_returncode()
+        result = await run(argv, env=self.environ, timeout=COMMAND_TIMEOUT_S)
+        if result.returncode:
+            raise ValueError(result.failure(argv[0]))
         self._jobs.discard(job_id)  # still known: its state can be asked until the scheduler forgets it
         return {"cancelled": job_id}
 
@@ -446,7 +407,7 @@ class AllocationOwner:
         jobs, self._jobs = sorted(self._jobs), set()
         for job_id in jobs if self.sched else ():
             try:
-                run_command(self.sched.cancel_argv(job_id), COMMAND_TIMEOUT_S, self.environ)
+                run_sync(self.sched.cancel_argv(job_id), COMMAND_TIMEOUT_S, self.environ)
             except OSError:
                 pass
         for pause in _stopping(self._running_steps(), STOP_GRACE_S):

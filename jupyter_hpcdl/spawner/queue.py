@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from typing import Awaitable, Callable
 
-from .commands import Result, run
+from ..commands import Result, run
 from ..batchsystems.scheduler import ENDED, PENDING, UNKNOWN, JobInfo, Scheduler
 
 Runner = Callable[..., Awaitable[Result]]

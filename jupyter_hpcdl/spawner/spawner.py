@@ -27,7 +27,8 @@ from traitlets import Dict, Float, Instance, Integer, List, Unicode, default, va
 
 from . import api  # noqa: F401 -- installs the hardened callback routes
 from .api import token_digest
-from .commands import as_user, cancel_as_user, run
+from ..commands import run
+from .commands import as_user, cancel_as_user
 from .envfile import env_file_path
 from .form import render_form
 from .orphans import JobMark, OrphanSweeper, check_hub_tag
