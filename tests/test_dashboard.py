@@ -353,6 +353,25 @@ def test_rank_series_and_progress():
     assert batches_per_epoch(899, 32) == 29 and batches_per_epoch(0, 32) == 1
 
 
+def test_many_ranks_draw_as_their_spread_and_a_chart_follows_the_change():
+    from jupyter_hpcdl.dashboard import charts
+    from jupyter_hpcdl.dashboard.series import MAX_RANK_LINES, chart_series
+
+    few = _frame([(r, 1, b, float(r + b), 100, 0.1) for r in range(2) for b in (0, 1)])
+    assert chart_series(few, "loss", 10) == {"rank 0": ([0.0, 1.0], [0.0, 1.0]), "rank 1": ([0.0, 1.0], [1.0, 2.0])}
+    n = MAX_RANK_LINES + 4
+    many = _frame([(r, 1, b, float(r + b), 100, 0.1) for r in range(n) for b in (0, 1)])
+    spread = chart_series(many, "loss", 10)
+    assert spread == {f"min of {n} ranks": ([0.0, 1.0], [0.0, 1.0]),
+                      f"median of {n} ranks": ([0.0, 1.0], [(n - 1) / 2, (n - 1) / 2 + 1]),
+                      f"max of {n} ranks": ([0.0, 1.0], [n - 1.0, float(n)])}
+    fig = charts.figure("loss", "step", "loss")
+    charts.set_rank_lines(fig, chart_series(few, "loss", 10))
+    assert [m.labels[0] for m in fig.marks] == ["rank 0", "rank 1"]
+    charts.set_rank_lines(fig, spread)  # a rescale to many ranks: three lines, the ranks' gone
+    assert [m.labels[0] for m in fig.marks] == list(spread) and list(fig.marks[2].y) == [n - 1.0, float(n)]
+
+
 def test_rank_table_marks_stragglers_dead_ranks_modes_and_escapes():
     world = [{"rank": 1, "node": "node2", "cuda_visible_devices": "0", "gpus": 1, "container_mode": "userns"},
              {"rank": 0, "node": "<b>n</b>", "cuda_visible_devices": None, "gpus": 0, "container_mode": "P1"},

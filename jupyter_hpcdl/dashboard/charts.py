@@ -18,22 +18,25 @@ def figure(title: str, xlabel: str, ylabel: str, width: str = "32%") -> bq.Figur
     return fig
 
 
-def set_rank_lines(fig: bq.Figure, series: dict[int, tuple[list, list]]) -> None:
-    """One line per rank (added when a rank first appears, removed when it is gone), data replaced in place."""
+def set_rank_lines(fig: bq.Figure, series: dict[str, tuple[list, list]]) -> None:
+    """A line per label of ``series`` (a rank's, or the spread over many ranks: ``series.chart_series``), added
+    when it first appears and removed when it is gone; data replaced in place."""
     x, y = fig.scales_
-    lines = {int(m.labels[0].split()[-1]): m for m in fig.marks}
+    lines = {m.labels[0]: m for m in fig.marks}
     new = []
-    for rank, (steps, values) in sorted(series.items()):
-        line = lines.get(rank)
+    for i, (label, (steps, values)) in enumerate(series.items()):
+        line = lines.get(label)
         if line is None:
-            line = bq.Lines(x=steps, y=values, scales={"x": x, "y": y}, labels=[f"rank {rank}"], display_legend=True,
-                            colors=[COLORS[rank % len(COLORS)]], stroke_width=1.5)
+            number = label.split()[-1]
+            color = COLORS[(int(number) if label.startswith("rank ") and number.isdigit() else i) % len(COLORS)]
+            line = bq.Lines(x=steps, y=values, scales={"x": x, "y": y}, labels=[label], display_legend=True,
+                            colors=[color], stroke_width=1.5)
             new.append(line)
         else:
             with line.hold_sync():
                 line.x, line.y = steps, values
     if new or set(lines) - set(series):
-        fig.marks = [m for r, m in sorted(lines.items()) if r in series] + new
+        fig.marks = [m for label, m in lines.items() if label in series] + new
 
 
 def clear(fig: bq.Figure) -> None:

@@ -29,6 +29,24 @@ def rank_series(frame: pd.DataFrame, column: str, per_epoch: int, limit: int = 2
     return series
 
 
+#: Above this many ranks a chart shows the spread over the ranks (their minimum, median and maximum at each step)
+#: instead of a line per rank: three lines whatever the world's size, so the dashboard stays responsive.
+MAX_RANK_LINES = 16
+
+
+def chart_series(frame: pd.DataFrame, column: str, per_epoch: int, limit: int = 2000,
+                 max_lines: int = MAX_RANK_LINES) -> dict[str, tuple[list, list]]:
+    """The lines of one chart, by label: "rank N" for each rank, or above ``max_lines`` ranks "min", "median" and
+    "max" over the ranks at each step (at most the last ``limit`` steps)."""
+    if frame.empty or frame["rank"].nunique() <= max_lines:
+        return {f"rank {r}": line for r, line in rank_series(frame, column, per_epoch, limit).items()}
+    rows = frame.dropna(subset=[column, "epoch", "batch"])
+    steps = ((rows["epoch"] - 1) * per_epoch + rows["batch"]).astype(float)
+    spread = rows[column].astype(float).groupby(steps).agg(["min", "median", "max"]).tail(limit)
+    n = frame["rank"].nunique()
+    return {f"{how} of {n} ranks": (spread.index.tolist(), spread[how].tolist()) for how in ("min", "median", "max")}
+
+
 def epoch_progress(latest: Mapping[int, Mapping], per_epoch: int, first_epoch: int, epochs: int) -> tuple[int, int, str]:
     """(done, total, label) of the running fit, from the slowest rank's latest record: batches done of
     ``epochs * per_epoch``, and "epoch e/E"."""

@@ -12,7 +12,7 @@ import ipywidgets as w
 
 from ..training.session import TrainingSession
 from . import charts
-from .series import CHARTS, GPU_CHARTS, epoch_progress, error_html, rank_series, rank_table_html
+from .series import CHARTS, GPU_CHARTS, chart_series, epoch_progress, error_html, rank_table_html
 
 
 class Dashboard(w.VBox):
@@ -250,7 +250,7 @@ class Dashboard(w.VBox):
         for column in GPU_CHARTS:
             self.figures[column].layout.display = None if any(w.get("gpus") for w in s.world) else "none"
         for column, fig in self.figures.items():
-            charts.set_rank_lines(fig, rank_series(frame, column, self.per_epoch))
+            charts.set_rank_lines(fig, chart_series(frame, column, self.per_epoch))
         first, epochs = self._fit_range
         done, total, label = epoch_progress(s.metrics_table.latest(), self.per_epoch, first, epochs)
         with self.progress.hold_sync():
