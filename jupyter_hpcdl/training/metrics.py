@@ -19,12 +19,23 @@ def straggler_ranks(step_times: Mapping[int, float], factor: float = 1.5) -> lis
     return sorted(r for r, t in step_times.items() if median > 0 and t > factor * median)
 
 
-def _unpacked(records: Iterable[Mapping]) -> Iterator[Mapping]:
+def _unpacked(records: Iterable[Mapping], seen: Mapping) -> Iterator[Mapping]:
+    """The records of each publication that may be new. A rank's publication repeats its last few records, in
+    order of their consecutive ``seq``: of one whose last record was seen nothing is read, of the others only the
+    tail after what was seen (so the kernel's cost follows the new records, not the ranks times the repeats)."""
     for rec in records:
-        if rec and "records" in rec:
-            yield from rec["records"]
-        else:
+        if not rec or "records" not in rec:
             yield rec
+            continue
+        batch = rec["records"]
+        last = batch[-1] if batch else None
+        if last is None or "seq" not in last:
+            yield from batch
+            continue
+        known = seen.get(last.get("origin"), -1)
+        if last["seq"] <= known:
+            continue
+        yield from batch[max(0, len(batch) - (last["seq"] - known)):]
 
 
 class MetricsTable:
@@ -36,11 +47,13 @@ class MetricsTable:
         self._epochs: list[dict] = []
         self._extra: dict[str, None] = {}  # the model's metric names, in the order first seen
         self._seen: dict = {}  # origin -> last seq, or (kind, rank) -> last key
+        self._latest: dict[int, dict] = {}  # each rank's latest batch record
+        self._frame: pd.DataFrame | None = None  # frame() so far: the rows after it are appended to it
 
     def add(self, records: Iterable[Mapping]) -> int:
         """Add records not seen before (a rank's latest record may be read several times); return how many."""
         added = 0
-        for rec in _unpacked(records):
+        for rec in _unpacked(records, self._seen):
             if not rec or "rank" not in rec:
                 continue
             kind = rec.get("kind", "batch")
@@ -59,12 +72,23 @@ class MetricsTable:
                 added += 1
                 continue
             self._extra.update(dict.fromkeys(extra))
-            self._rows.append({**{c: rec.get(c) for c in COLUMNS}, **extra, "arrived": time.time()})
+            row = {**{c: rec.get(c) for c in COLUMNS}, **extra, "arrived": time.time()}
+            self._rows.append(row)
+            self._latest[row["rank"]] = row
             added += 1
         return added
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self._rows, columns=[*COLUMNS, *self._extra])
+        """The batch records so far (a new frame each call; built once, then only the new rows are added)."""
+        columns = [*COLUMNS, *self._extra]
+        done = self._frame
+        if done is None or list(done.columns) != columns or len(done) > len(self._rows):
+            done = pd.DataFrame(self._rows, columns=columns)
+        elif len(done) < len(self._rows):
+            new = pd.DataFrame(self._rows[len(done):], columns=columns)
+            done = pd.concat([done, new], ignore_index=True) if len(done) else new
+        self._frame = done
+        return done.copy(deep=False)
 
     def epoch_frame(self) -> pd.DataFrame:
         names = list(dict.fromkeys(k for row in self._epochs for k in row))
@@ -72,14 +96,11 @@ class MetricsTable:
 
     def latest(self) -> dict[int, dict]:
         """Each rank's most recent record."""
-        return {row["rank"]: row for row in self._rows}
+        return dict(self._latest)
 
     def latest_step_times(self) -> dict[int, float]:
-        latest: dict[int, float] = {}
-        for row in self._rows:
-            if row["step_time_s"] is not None:
-                latest[row["rank"]] = row["step_time_s"]
-        return latest
+        """Each rank's most recent step time (of its latest record)."""
+        return {r: row["step_time_s"] for r, row in self._latest.items() if row["step_time_s"] is not None}
 
 
 def rank_rows(world: Iterable[Mapping], latest: Mapping[int, Mapping], stragglers: Iterable[int] = (),
