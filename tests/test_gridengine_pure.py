@@ -99,6 +99,9 @@ def test_details_give_the_pending_reason_and_the_error():
     assert (error.phase, error.state) == (ENDED, "Eqw")
     assert "can't chdir to /nonexistent/dir" in error.reason
     assert sge.parse_job(rec("qstat-j-running.xml")).phase == RUNNING
+    # a job Grid Engine is taking down (its task's status no longer "running", its start time kept) is not pending
+    ending = rec("qstat-j-running.xml").replace("<JAT_status>128</JAT_status>", "<JAT_status>65536</JAT_status>")
+    assert sge.parse_job(ending).phase == RUNNING
     assert sge.parse_job("<?xml version='1.0'?>\n<unknown_jobs >\n <ST_name>999</ST_name>\n</unknown_jobs>\n") is None
 
 

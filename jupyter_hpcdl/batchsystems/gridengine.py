@@ -172,7 +172,10 @@ class GridEngine(Scheduler):
         # The scheduler's messages: those for this job, and those for every job (no job list).
         why = [_text(m, "MES_message") for m in root.iter("element") if m.find("MES_message") is not None
                and (m.find("MES_job_number_list") is None or job_id in {v.text for v in m.iter("ULNG_value")})]
-        running = any(_text(t, "JAT_status") == "128" for t in job.iter("ulong_sublist"))
+        # dispatched: running (status 128), or started and now ending (a start time: its status is then another,
+        # while Grid Engine takes the job down). A pending job has no started task.
+        running = any(_text(t, "JAT_status") == "128" or (_text(t, "JAT_start_time") or "0").strip() not in ("", "0")
+                      for t in job.iter("ulong_sublist"))
         return JobInfo(job_id, RUNNING if running else PENDING, "r" if running else "qw",
                        "" if running else "; ".join(w for w in why if w and w not in _NO_REASON),
                        user=_text(job, "JB_owner"))
