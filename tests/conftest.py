@@ -59,12 +59,28 @@ def bed_is_up() -> bool:
 
 
 @pytest.fixture
-def browser_page(tmp_path):
-    """A page in Debian's Chromium driven by Playwright (see browser.py)."""
-    from browser import chromium_page
+def browser_page(tmp_path, request):
+    """A page in Debian's Chromium driven by Playwright (see browser.py); a test that fails leaves what the page
+    showed then in artifacts/screenshots/FAILED-<test>.png."""
+    from browser import SHOTS, chromium_page
 
     with chromium_page(tmp_path / "profile") as page:
         yield page
+        report = getattr(request.node, "report_call", None)
+        if report is not None and report.failed:
+            try:
+                page.screenshot(path=str(SHOTS / f"FAILED-{request.node.name.split('[')[0]}.png"), full_page=True)
+            except Exception:  # the page itself may be what broke
+                pass
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's report of its call, for fixtures that act on a failure (browser_page)."""
+    report = yield
+    if report.when == "call":
+        item.report_call = report
+    return report
 
 
 @pytest.fixture(scope="session")

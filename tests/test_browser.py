@@ -86,7 +86,10 @@ def test_a_newcomer_starts_with_the_defaults_and_runs_the_first_notebook_in_the_
         assert result["where"] == "allocation" and result["ranks"] == 1 and result["epochs"] == 4, result
         assert result["loss_last_epoch"] < result["loss_first_epoch"], result
         assert [r["container"] for r in result["per_rank"].values()] == ["userns"], result
-        page.locator(".hpcdl-dashboard").scroll_into_view_if_needed()
+        page.locator(".jp-StatusBar-Widget", has_text=re.compile(r"container\) \| Idle")).wait_for(timeout=180_000)
+        lines = page.locator(".hpcdl-dashboard .bqplot path.line").first
+        lines.scroll_into_view_if_needed()  # (JupyterLab draws only the cells in view)
+        lines.wait_for(state="visible", timeout=60_000)
         page.screenshot(path=str(SHOTS / "07-first-notebook.png"))
     finally:
         if hub.server("alice"):

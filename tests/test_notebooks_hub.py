@@ -59,7 +59,8 @@ def check_the_rest(done: dict, sched) -> None:
 def test_the_notebooks_run_unchanged_in_alices_job(bed):
     """The six notebooks, unchanged, in one server of alice's (two nodes; the first is what the main job runs): the
     ranks on the job's nodes in her container, the batch run in a Slurm job of its own."""
-    done = run_notebooks(Hub(bed), "alice", nodes=2, names=[FIRST, *THE_REST])
+    # (a directory of its own: ~/hpcdl-notebooks is where the panel puts them, in the browser test)
+    done = run_notebooks(Hub(bed), "alice", nodes=2, names=[FIRST, *THE_REST], directory="hpcdl-notebooks-slurm")
     check_the_first(*done.pop(FIRST), ["node1", "node2"])
     check_the_rest(done, load_scheduler("slurm"))
 
