@@ -43,6 +43,10 @@ def test_slurm_task_gets_its_slot_and_gloo_env():
     assert slot == Slot("node2", 2, 0, 1, 1, 2, 3)
     g = gloo_env(slot, "10.0.0.1", 1234, "ib0")
     assert (g["HOROVOD_RANK"], g["HOROVOD_SIZE"], g["HOROVOD_HOSTNAME"], g["HOROVOD_GLOO_IFACE"]) == ("2", "3", "node2", "ib0")
+    assert "HOROVOD_GLOO_TIMEOUT_SECONDS" not in g, "Horovod's own default where the caller sets no deadline"
+    # a session's ranks wait for each other as long as its start may take, never less than Horovod's 30 s
+    assert gloo_env(slot, "10.0.0.1", 1234, "ib0", 120)["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "120"
+    assert gloo_env(slot, "10.0.0.1", 1234, "ib0", 5)["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "30"
 
 
 def test_cyclic_distribution_is_refused_with_the_fix():

@@ -46,9 +46,13 @@ def task_slot(hosts: Sequence[tuple[str, int]], index: int, node: str | None = N
     return slot
 
 
-def gloo_env(slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str) -> dict[str, str]:
-    """What a rank needs, before Horovod is imported, to join the Gloo world at the rendezvous."""
-    return {
+def gloo_env(slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str,
+             timeout_s: float | None = None) -> dict[str, str]:
+    """What a rank needs, before Horovod is imported, to join the Gloo world at the rendezvous. ``timeout_s``: how
+    long Gloo waits for the other ranks (Horovod's default, 30 s, where not given): a rank that imported its
+    framework sooner than a peer on a loaded node must not give up on it before the caller's own deadline."""
+    timeout = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(30, round(timeout_s)))} if timeout_s else {}
+    return {**timeout,
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
         "HOROVOD_CONTROLLER": "gloo",

@@ -6,9 +6,9 @@ from ..job.world import gloo_env, iface_for, mpi_env, plan_slots
 from .placement import Engines
 
 
-def gloo_envs(engines: Engines, ranks: int, iface: str | None = None):
+def gloo_envs(engines: Engines, ranks: int, iface: str | None = None, timeout_s: float | None = None):
     """Start a rendezvous for this world (bound to the ranks' address, answering only with its secret); it and
-    each rank's Gloo environment, in rank order."""
+    each rank's Gloo environment, in rank order (Gloo waiting up to ``timeout_s`` for the other ranks)."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 
     from ..job.rendezvous import SessionRendezvous
@@ -17,7 +17,7 @@ def gloo_envs(engines: Engines, ranks: int, iface: str | None = None):
     port = rendezvous.start()
     rendezvous.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in engines.hosts)), ranks))
     iface = iface or iface_for(engines.addr)
-    return rendezvous, [gloo_env(s, rendezvous.rank_address(engines.addr), port, iface)
+    return rendezvous, [gloo_env(s, rendezvous.rank_address(engines.addr), port, iface, timeout_s)
                         for s in plan_slots(engines.hosts)]
 
 

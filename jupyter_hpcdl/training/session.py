@@ -194,7 +194,8 @@ class TrainingSession:
             engines = self._placement.start(self._watch, self._get)
             self._client = self._placement.client
             if self.world_kind == "gloo":
-                self._rendezvous, envs = gloo_envs(engines, self.ranks, self.iface)
+                # joining has the start's deadline, not Gloo's own 30 s (imports on a loaded node take longer)
+                self._rendezvous, envs = gloo_envs(engines, self.ranks, self.iface, self.start_timeout)
             else:
                 envs = mpi_envs(engines)
             # every engine joins at once (hvd.init waits for all ranks)
