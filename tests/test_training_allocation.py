@@ -413,17 +413,7 @@ def iterations():
     from jupyter_hpcdl.training.rank import _STATE
     return int(_STATE["model"].optimizer.iterations)
 
-# ranks whose image is missing: named at once, each with its node and its log, instead of a start timeout
-import time
-from jupyter_hpcdl.training import EnginesFailed
-t0 = time.monotonic()
-try:
-    TrainingSession(where="allocation", image="hpcdl/missing:latest").start()
-    missing = "started"
-except (EnginesFailed, TimeoutError) as e:
-    missing = f"{type(e).__name__}: {e}"
-missing_after = time.monotonic() - t0
-session = TrainingSession(where="allocation")  # one rank per slot of the job: 4
+session = TrainingSession(ranks=4, where="allocation")
 try:
     world = session.start()
     session.setup(model, pipeline, validation_data=os.path.join(data_dir, "val.npz"),
