@@ -1,5 +1,6 @@
 /**
- * The one server endpoint the front end reads: GET <baseUrl>jupyter-hpcdl/allocation.
+ * The server endpoints the front end uses: GET <baseUrl>jupyter-hpcdl/allocation
+ * and POST <baseUrl>jupyter-hpcdl/notebooks.
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -85,29 +86,12 @@ export class AllocationError extends Error {}
 export async function fetchAllocation(
   settings: ServerConnection.ISettings
 ): Promise<Allocation> {
-  const url = URLExt.join(settings.baseUrl, 'jupyter-hpcdl', 'allocation');
-  let response: Response;
-  try {
-    response = await ServerConnection.makeRequest(url, {}, settings);
-  } catch (error) {
-    throw new AllocationError(
-      `Cannot reach the server: ${(error as Error).message}`
-    );
-  }
-  const text = await response.text();
-  let body: unknown = undefined;
-  try {
-    body = text ? JSON.parse(text) : undefined;
-  } catch {
-    // not JSON (e.g. an HTML error page): reported below by status
-  }
-  if (!response.ok) {
-    const message =
-      isObject(body) && typeof body.message === 'string' && body.message
-        ? body.message
-        : `${response.status} ${response.statusText}`.trim();
-    throw new AllocationError(`Allocation endpoint: ${message}`);
-  }
+  const body = await requestJson(
+    settings,
+    'allocation',
+    {},
+    'Allocation endpoint'
+  );
   if (!isObject(body) || typeof body.in_job !== 'boolean') {
     throw new AllocationError('Allocation endpoint: unexpected answer');
   }
@@ -144,6 +128,44 @@ export async function fetchAllocation(
     session_message: sessionMessage,
     sessions
   };
+}
+
+/**
+ * A request to the server endpoint `<baseUrl>jupyter-hpcdl/<path>`, and its
+ * JSON body (undefined if there is none). Rejects with an AllocationError,
+ * prefixed with `what`, when the server cannot be reached or answers with an
+ * error: the server's message, else its status.
+ */
+async function requestJson(
+  settings: ServerConnection.ISettings,
+  path: string,
+  init: RequestInit,
+  what: string
+): Promise<unknown> {
+  const url = URLExt.join(settings.baseUrl, 'jupyter-hpcdl', path);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new AllocationError(
+      `Cannot reach the server: ${(error as Error).message}`
+    );
+  }
+  const text = await response.text();
+  let body: unknown = undefined;
+  try {
+    body = text ? JSON.parse(text) : undefined;
+  } catch {
+    // not JSON (e.g. an HTML error page): reported below by status
+  }
+  if (!response.ok) {
+    const message =
+      isObject(body) && typeof body.message === 'string' && body.message
+        ? body.message
+        : `${response.status} ${response.statusText}`.trim();
+    throw new AllocationError(`${what}: ${message}`);
+  }
+  return body;
 }
 
 function toState(raw: unknown): SessionState {
@@ -212,31 +234,14 @@ export interface INotebooksCopy {
 export async function copyNotebooks(
   settings: ServerConnection.ISettings
 ): Promise<INotebooksCopy> {
-  const url = URLExt.join(settings.baseUrl, 'jupyter-hpcdl', 'notebooks');
-  let response: Response;
-  try {
-    response = await ServerConnection.makeRequest(
-      url,
-      { method: 'POST' },
-      settings
-    );
-  } catch (error) {
-    throw new AllocationError(
-      `Cannot reach the server: ${(error as Error).message}`
-    );
-  }
-  let body: unknown = undefined;
-  try {
-    body = JSON.parse(await response.text());
-  } catch {
-    // reported below by status
-  }
-  if (!response.ok || !isObject(body) || typeof body.first !== 'string') {
-    const message =
-      isObject(body) && typeof body.message === 'string' && body.message
-        ? body.message
-        : `${response.status} ${response.statusText}`.trim();
-    throw new AllocationError(`Notebooks: ${message}`);
+  const body = await requestJson(
+    settings,
+    'notebooks',
+    { method: 'POST' },
+    'Notebooks'
+  );
+  if (!isObject(body) || typeof body.first !== 'string') {
+    throw new AllocationError('Notebooks: unexpected answer');
   }
   const names = (raw: unknown) => (Array.isArray(raw) ? raw.map(String) : []);
   return {
