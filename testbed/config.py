@@ -132,10 +132,12 @@ class HubPlace:
     internal_port: int
     proxy_api_port: int
     scheduler: str
+    internal_ssl: bool = False  # JupyterHub's mutual TLS between the hub, its proxy and the servers
 
 
 HUB = HubPlace("hub", HUB_PORT, 8081, 8001, "slurm")
-SGE_HUB = HubPlace("hub-sge", SGE_HUB_PORT, 8181, 8101, "gridengine")
+#: The Grid Engine hub runs as a site with shared nodes should: with internal_ssl.
+SGE_HUB = HubPlace("hub-sge", SGE_HUB_PORT, 8181, 8101, "gridengine", internal_ssl=True)
 
 
 def _hub_config(state: Path, prefix: Path, users: list[str], password: str, workshop_users, place: HubPlace,
@@ -146,18 +148,22 @@ def _hub_config(state: Path, prefix: Path, users: list[str], password: str, work
              f"""{GPUS_PER_NODE}, "max_walltime": "04:00:00", "gpu_types": ["{GPU_TYPE}"],\n"""
              f"""                                         "description": "the same GPU nodes, by GPU type"}}"""
              if place.scheduler == "slurm" else "")
+    tls = (f"""# Mutual TLS between the hub, the proxy and the servers; each server's key goes to its job as the user.
+c.JupyterHub.internal_ssl = True
+c.JupyterHub.internal_certs_location = "{d}/internal-ssl"
+""" if place.internal_ssl else "")
     return f"""# jupyter-hpcdl test bed hub: on loopback only, with configurable-http-proxy.
 c = get_config()  # noqa
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = {place.port}
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = {place.internal_port}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{place.proxy_api_port}"
+c.ConfigurableHTTPProxy.api_url = "{'https' if place.internal_ssl else 'http'}://127.0.0.1:{place.proxy_api_port}"
 c.JupyterHub.db_url = "sqlite:///{d}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "{d}/cookie_secret"
 c.ConfigurableHTTPProxy.command = ["{prefix}/node/bin/configurable-http-proxy"]
 c.ConfigurableHTTPProxy.pid_file = "{d}/proxy.pid"
-c.SiteProfile.scheduler = "{place.scheduler}"
+{tls}c.SiteProfile.scheduler = "{place.scheduler}"
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = {password!r}
 c.Authenticator.allowed_users = set({users!r})

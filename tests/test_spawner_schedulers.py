@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
+import ssl
 import sys
 import time
 from dataclasses import dataclass
@@ -106,8 +108,90 @@ def test_spawn_runs_lab_with_kernels_in_the_container_and_keeps_the_token_privat
     token = _server_token(job_id, "alice")
     assert token and token not in details
     assert not list(Path(alice.home, ".jupyter-hpcdl/jobs").glob("env-*.json")), "the job's secrets were left behind"
+    if site.place.internal_ssl:
+        _check_mutual_tls(site, alice, bob, job_id, token)
     site.hub.stop("alice")
     assert site.jobs("alice") == {}
+    if site.place.internal_ssl:
+        assert not list(Path(alice.home, ".jupyter-hpcdl/tls").glob("*/*")), "the server's key outlived it"
+
+
+#: Run as bob on alice's node: alice's server on PORT, asked with alice's token (on stdin) in plain HTTP, over TLS
+#: with no client certificate, and over TLS with a certificate of bob's own making; prints what bob got back.
+NEIGHBOUR = r"""
+import datetime, json, os, socket, ssl, sys, tempfile
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+port, token = int(sys.argv[1]), sys.stdin.read().strip()
+ask = (f"GET /user/alice/api/status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: token {token}\r\n"
+       "Connection: close\r\n\r\n").encode()
+
+def talk(context):
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        if context is not None:
+            s = context.wrap_socket(s)
+        s.sendall(ask)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        return got.decode(errors="replace")
+    except OSError as e:
+        return f"refused: {type(e).__name__}: {e}"
+    finally:
+        s.close()
+
+def client(cert=None):
+    c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    c.check_hostname, c.verify_mode = False, ssl.CERT_NONE  # bob takes any server
+    if cert:
+        c.load_cert_chain(*cert)
+    return c
+
+key = ec.generate_private_key(ec.SECP256R1())
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hub-internal")])
+now = datetime.datetime.now(datetime.timezone.utc)
+own = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+       .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+       .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+d = tempfile.mkdtemp()
+with open(f"{d}/c.pem", "wb") as f:
+    f.write(own.public_bytes(serialization.Encoding.PEM))
+with open(f"{d}/k.pem", "wb") as f:
+    f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+print(json.dumps({"plain": talk(None), "no certificate": talk(client()),
+                  "own certificate": talk(client((f"{d}/c.pem", f"{d}/k.pem")))}))
+"""
+
+
+def _check_mutual_tls(site: Site, alice, bob, job_id: str, token: str) -> None:
+    """internal_ssl: alice's server answers only a client with a certificate of the hub's CA; its key reached the
+    job as alice's alone."""
+    log = Path(alice.home, ".jupyter-hpcdl/jobs", f"{job_id}.log").read_text(errors="replace")
+    port = int(re.search(r"server on \S+:(\d+) \(TLS, client certificates required\)", log).group(1))
+    tls = Path(alice.home, ".jupyter-hpcdl/tls/default")
+    assert oct(tls.stat().st_mode & 0o777) == "0o700" and tls.stat().st_uid == alice.uid
+    for f in tls.iterdir():
+        assert oct(f.stat().st_mode & 0o777) == "0o600" and f.stat().st_uid == alice.uid, f
+    assert not Path(alice.home, ".jupyter-hpcdl/jobs/tls-default.json").exists(), "the hub's bundle was left behind"
+    got = json.loads(bob.run(f"{bob.bed['venv']}/bin/python", "-c", NEIGHBOUR, str(port), input=token,
+                             check=True).stdout)
+    for how, answer in got.items():
+        assert "HTTP/1.1" not in answer and "alice" not in answer, f"bob, {how}, got an answer: {answer[:300]}"
+    # The same request with the certificate of the hub's proxy (root reads the hub's files) is answered: the server
+    # serves TLS with a certificate the hub's CA vouches for, on 127.0.0.1.
+    certs = Path(site.hub_dir, "internal-ssl")
+    context = ssl.create_default_context(cafile=str(certs / "proxy-client-ca_trust.crt"))
+    context.load_cert_chain(str(certs / "proxy-client/proxy-client.crt"), str(certs / "proxy-client/proxy-client.key"))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+        s.sendall(f"GET /user/alice/api/status HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: token {token}\r\n"
+                  "Connection: close\r\n\r\n".encode())
+        answer = b"".join(iter(lambda: s.recv(65536), b"")).decode(errors="replace")
+    assert answer.startswith("HTTP/1.1 200"), answer[:300]
 
 
 def test_a_queued_spawn_says_why_and_stop_cancels_it(site, alice, bob, clean):

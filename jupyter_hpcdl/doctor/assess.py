@@ -24,7 +24,8 @@ class Expected:
 
 def hub_callback(f: NodeFacts) -> Finding:
     if not f.hub_error:
-        return Finding("hub callback", OK, f"{f.hub_url} answers from the node (HTTP {f.hub_status})", where=f.node)
+        how = f"HTTP {f.hub_status}" if f.hub_status else "TLS, internal_ssl"
+        return Finding("hub callback", OK, f"{f.hub_url} answers from the node ({how})", where=f.node)
     return Finding("hub callback", FAIL, f"{f.hub_url} is not reachable from {f.node}: {f.hub_error}",
                    "jobs report to this URL: set c.JupyterHub.hub_connect_ip (or hub_connect_url) to an address of the "
                    "hub host that compute nodes reach, and open its port between them", where=f.node)

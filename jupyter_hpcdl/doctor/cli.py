@@ -57,7 +57,8 @@ def hub_api_url(cfg: Config) -> str:
         return str(hub.hub_connect_url).rstrip("/") + "/api"
     ip = hub.get("hub_connect_ip") or hub.get("hub_ip") or "127.0.0.1"
     base = str(hub.get("base_url") or "/").rstrip("/") + "/"
-    return f"http://{ip}:{hub.get('hub_port') or 8081}{base}hub/api"
+    scheme = "https" if hub.get("internal_ssl") else "http"
+    return f"{scheme}://{ip}:{hub.get('hub_port') or 8081}{base}hub/api"
 
 
 def expected(without_stack: frozenset[str] = frozenset()) -> Expected:
@@ -104,7 +105,8 @@ def check_hub_api(url: str) -> Finding:
     if error:
         return Finding("hub API", FAIL, f"{url} does not answer on the hub host: {error}",
                        "start the hub, or fix c.JupyterHub.hub_ip / hub_port / hub_connect_url (or --hub-url)")
-    return Finding("hub API", OK, f"{url} answers (HTTP {status})")
+    how = f"HTTP {status}" if status else "TLS, and asks for a client certificate: internal_ssl"
+    return Finding("hub API", OK, f"{url} answers ({how})")
 
 
 def job_script(sched: Scheduler, req: JobRequest, python: str, work: str, home: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -41,14 +42,19 @@ print("HPCDL-VERSIONS " + json.dumps(out))
 
 
 def check_hub(url: str, timeout: float) -> tuple[int, str]:
-    """(HTTP status, "") when the hub's API answers at ``url``, else (0, why)."""
+    """(HTTP status, "") when the hub's API answers at ``url``, else (0, why). With JupyterHub's ``internal_ssl``
+    the hub answers only a client with a certificate of its CA, which the doctor has not: a hub that asks for one
+    (a TLS handshake refused for want of a certificate) answers, as (0, "")."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, ""
     except urllib.error.HTTPError as e:
         return (e.code, "") if e.code < 500 else (e.code, f"HTTP {e.code} {e.reason}")
     except (OSError, ValueError) as e:
-        return 0, str(getattr(e, "reason", e))
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ssl.SSLError) and url.startswith("https:"):
+            return 0, ""  # a TLS server answered (unverified by the doctor: no client certificate, no CA)
+        return 0, str(reason)
 
 
 def probe_image(ud: Udocker, ref: str, registry: str | None, timeout: float) -> ImageFacts:

@@ -11,9 +11,11 @@ anew; connections made meanwhile wait in its backlog."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import requests
@@ -50,17 +52,34 @@ def route_address(url: str) -> str:
         return s.getsockname()[0]
 
 
-def report_port(api_url: str, token: str, port: int) -> None:
+def report_port(api_url: str, token: str, port: int, tls: TlsClient | None = None) -> None:
     """Tell the hub the port, retrying with backoff (up to about 15 minutes) while the hub is unreachable: it may
-    be restarting."""
-    retry = Retry(total=100, connect=100, read=3, status=5, backoff_factor=0.5, backoff_max=10,
+    be restarting; a TLS failure (a certificate the other side refuses) is final at once. With ``tls`` (JupyterHub's ``internal_ssl``), as the server's certificate to a hub that the CA
+    bundle vouches for."""
+    retry = Retry(total=100, connect=100, read=3, status=5, other=0, backoff_factor=0.5, backoff_max=10,
                   status_forcelist=(502, 503, 504), allowed_methods=None)
+    # per request, not on the session: requests lets REQUESTS_CA_BUNDLE override a session's CA bundle
+    tls_args = {"cert": (tls.certfile, tls.keyfile), "verify": tls.cafile} if tls is not None else {}
     with requests.Session() as session:
         session.mount("http://", HTTPAdapter(max_retries=retry))
         session.mount("https://", HTTPAdapter(max_retries=retry))
         r = session.post(api_url.rstrip("/") + "/hpcdl/callback", json={"port": port}, timeout=30,
-                         headers={"Authorization": f"token {token}"})
+                         headers={"Authorization": f"token {token}"}, **tls_args)
         r.raise_for_status()
+
+
+@dataclass(frozen=True)
+class TlsClient:
+    """The server's key and certificate, and the CA bundle it trusts (JupyterHub's ``internal_ssl``)."""
+
+    keyfile: str
+    certfile: str
+    cafile: str
+
+    @classmethod
+    def from_env(cls) -> "TlsClient":
+        return cls(*(os.environ[var] for var in ("JUPYTERHUB_SSL_KEYFILE", "JUPYTERHUB_SSL_CERTFILE",
+                                                   "JUPYTERHUB_SSL_CLIENT_CA")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +92,24 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.env_file:
         os.environ.update(envfile.load(args.env_file))
+    tls_files: list[str] = []
+    if bundle := os.environ.pop(envfile.TLS_BUNDLE_ENV, ""):
+        try:
+            tls_files = envfile.unpack_tls(bundle)
+        except (OSError, ValueError) as e:
+            print(f"[jupyter-hpcdl] error: the hub's TLS files (internal_ssl) could not be unpacked: {e}",
+                  file=sys.stderr, flush=True)
+            return 2
+    tls = TlsClient.from_env() if tls_files else None
+    try:
+        return _serve(args, command, tls)
+    finally:
+        for path in tls_files:  # the server's key lives as long as the server
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _serve(args: argparse.Namespace, command: list[str], tls: TlsClient | None) -> int:
     job = os.environ.get("HPCDL_JOB_ID") or str(os.getpid())
     print(f"[jupyter-hpcdl] job {job} on {os.environ.get('HPCDL_NODE') or socket.gethostname()}: "
           f"preparing the container for {args.image}", flush=True)
@@ -93,9 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["HPCDL_HELD_PORT_FD"] = str(held.fileno())  # the server's extension has the server accept on it
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
     host = f"[{ip}]" if ":" in ip else ip
-    os.environ["JUPYTERHUB_SERVICE_URL"] = f"http://{host}:{port}{prefix}"
-    report_port(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"], port)
-    print(f"[jupyter-hpcdl] server on {host}:{port}", flush=True)
+    os.environ["JUPYTERHUB_SERVICE_URL"] = f"{'https' if tls else 'http'}://{host}:{port}{prefix}"
+    try:
+        report_port(os.environ["JUPYTERHUB_API_URL"], os.environ["JUPYTERHUB_API_TOKEN"], port, tls)
+    except requests.RequestException as e:
+        print(f"[jupyter-hpcdl] error: could not tell the hub at {os.environ['JUPYTERHUB_API_URL']} the port: {e}",
+              file=sys.stderr, flush=True)
+        return 2
+    print(f"[jupyter-hpcdl] server on {host}:{port}{' (TLS, client certificates required)' if tls else ''}",
+          flush=True)
     argv = [*command, f"--MultiKernelManager.default_kernel_name={KERNEL_NAME}"]
     fd = held.detach()  # from here on only the server holds the port
     return supervise(argv, pass_fds=[fd])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import ipaddress
 import json
 import os
 import pwd
@@ -29,7 +30,7 @@ from . import api  # noqa: F401 -- installs the hardened callback routes
 from .api import token_digest
 from ..commands import run
 from .commands import as_user, cancel_as_user
-from .envfile import env_file_path
+from .envfile import TLS_BUNDLE_ENV, TLS_FILES, env_file_path, tls_bundle_path, tls_dir
 from .form import render_form
 from .orphans import JobMark, OrphanSweeper, check_hub_tag
 from .options import JobRequest, OptionsError, request_to_options, validate_options
@@ -132,6 +133,19 @@ class HpcdlSpawner(Spawner):
         self._unknown_said = False
         start_sweeper(self)
 
+    @default("ssl_alt_names")
+    def _ssl_alt_names(self):
+        # internal_ssl: the hub checks the server's name against its certificate; it reaches a server by the node's
+        # address (node_addresses) or name, which only the queue knows, so every known one goes in, with the hub's
+        # trusted_alt_names (where a site lists its nodes, or a wildcard such as DNS:*.nodes.example.org)
+        names = list(self.trusted_alt_names)
+        for node, address in self.node_addresses.items():
+            for name in (node, address):
+                entry = ("IP:" if _is_ip(name) else "DNS:") + name
+                if entry not in names:
+                    names.append(entry)
+        return names
+
     # -- pieces ----------------------------------------------------------------------------------------------------
     @property
     def scheduler(self) -> Scheduler:
@@ -188,6 +202,25 @@ class HpcdlSpawner(Spawner):
         """What the form shows for ``raw`` options: the exact script and GPU-hours (ValueError if not allowed)."""
         req = self.request(raw)
         return {"script": self.batch_script(req), "gpu_hours": round(req.gpu_hours, 2)}
+
+    def get_env(self) -> dict:
+        env = super().get_env()
+        if self.cert_paths:  # internal_ssl: the job unpacks the server's key and certificates from this file
+            env[TLS_BUNDLE_ENV] = tls_bundle_path(self.user_home(), self.name)
+        return env
+
+    async def move_certs(self, paths: dict) -> dict:
+        """JupyterHub's ``internal_ssl``: hand the server's key, certificate and CA bundle (made by the hub in its
+        own ``internal_certs_location``) to the job. They are written as the user, into a file of mode 0600 that
+        only the user can read (through the sudo rule's ``envfile`` helper, on its stdin: never on a command line,
+        never with the hub's rights in a home); the job unpacks them into ``~/.jupyter-hpcdl/tls/<server>/`` and
+        removes that file. Returns the paths the server will find them at."""
+        texts = await asyncio.to_thread(_read_texts, {TLS_FILES[var][0]: var for var in TLS_FILES}, paths)
+        path = tls_bundle_path(self.user_home(), self.name)
+        (await run([*as_user(self.exec_prefix, self.user.name), *USER_PYTHON, "jupyter_hpcdl.spawner.envfile", path],
+                   input=json.dumps(texts), timeout=self.scheduler_timeout)).check("handing the server its TLS key")
+        d = tls_dir(self.user_home(), self.name)
+        return {key: os.path.join(d, name) for key, name in TLS_FILES.values()}
 
     def _event(self, message: str, progress: int) -> None:
         self.log.info("%s: %s", self._log_name, message)
@@ -278,6 +311,7 @@ class HpcdlSpawner(Spawner):
                 self._event(f"Found job {self.job_id} of an earlier spawn ({info.state}): following it", 10)
                 if info.phase == RUNNING and self.job_port:
                     self._port_reported.set()
+                    await self._remove_env_file(server_ended=False)  # this spawn's: the running job has its own
             else:
                 await self._submit(req)
             host = await self._wait_running(req)
@@ -296,7 +330,7 @@ class HpcdlSpawner(Spawner):
         home = self.user_home()
         env.update(PATH=f"{os.path.dirname(self.python)}:/usr/local/bin:/usr/bin:/bin", HOME=home, USER=self.user.name,
                    LANG="C.UTF-8")
-        names = sorted({*JOB_ENV, *(k for k in env if k.startswith("JUPYTERHUB_") or k.startswith("JPY_"))})
+        names = sorted({*JOB_ENV, *(k for k in env if k.startswith(("JUPYTERHUB_", "JPY_")) or k == TLS_BUNDLE_ENV)})
         prefix = as_user(self.exec_prefix, self.user.name, names)
         (await run([*prefix, "mkdir", "-p", os.path.dirname(self.log_path())], env=env)).check("creating the log directory")
         if not self.scheduler.private_env:  # every user could read the job's environment: its secrets go in a file
@@ -486,14 +520,38 @@ class HpcdlSpawner(Spawner):
         await self._remove_env_file()
         self._forget_job(f"job {job_id} cancelled when the server was stopped")
 
-    async def _remove_env_file(self) -> None:
-        """A job cancelled before it started never read its secrets' file: remove it (as the user)."""
-        if self.scheduler.private_env:
+    async def _remove_env_file(self, server_ended: bool = True) -> None:
+        """A job cancelled before it started never read its secrets' files: remove them (as the user); and once
+        the server has ended, its TLS key (a job that is killed cannot remove it)."""
+        home = self.user_home()
+        paths = [] if self.scheduler.private_env else [env_file_path(home, self.name)]
+        if self.internal_ssl:
+            paths.append(tls_bundle_path(home, self.name))
+            if server_ended:
+                paths += [os.path.join(tls_dir(home, self.name), name) for _, name in TLS_FILES.values()]
+        if not paths:
             return
-        path = env_file_path(self.user_home(), self.name)
-        result = await run([*as_user(self.exec_prefix, self.user.name), "rm", "-f", "--", path])
+        result = await run([*as_user(self.exec_prefix, self.user.name), "rm", "-f", "--", *paths],
+                           timeout=self.scheduler_timeout)
         if result.returncode:
-            self.log.warning("%s: could not remove %s: %s", self._log_name, path, result.failure("rm"))
+            self.log.warning("%s: could not remove %s: %s", self._log_name, " ".join(paths), result.failure("rm"))
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_texts(names: dict[str, str], paths: dict[str, str]) -> dict[str, str]:
+    """``{name: text of paths[key]}`` for each ``key → name`` of ``names``: the hub's own files."""
+    out = {}
+    for key, name in names.items():
+        with open(paths[key]) as f:
+            out[name] = f.read()
+    return out
 
 
 # -- hub-wide helpers: the routes while pending spawns are followed, the orphan sweep (one per hub process) ---------
