@@ -21,7 +21,7 @@ from jupyter_hpcdl.doctor.cli import hub_api_url
 from jupyter_hpcdl.doctor.facts import ImageFacts, NodeFacts, facts_from_json, request_from_json
 from jupyter_hpcdl.doctor.report import FAIL, OK, SKIP, WARN, Finding, exit_code, render_json, render_text
 
-EXPECT = Expected(hpcdl_version="0.1.0", horovod="0.28.1")
+EXPECT = Expected(hpcdl_version="0.1.0", pinned="0.28.1")
 GOOD_VERSIONS = {"python": "3.11.2", "jupyter-hpcdl": "0.1.0", "tensorflow": None, "tensorflow-cpu": "2.15.1",
                  "horovod": "0.28.1", "ipykernel": "7.4.0", "ipyparallel": "9.2.0", "horovod_tf_error": "",
                  "tf_use_legacy_keras": None, "cuda_visible_devices": "0,1"}

@@ -8,9 +8,12 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_hpcdl"
 #: Low to high. A module may import its own package and any package before it; the package's top-level modules
-#: (``atomic``, ``jobvalues``, ``controls``, ``diagnose``, ``configref``) come first. The hub's side (``spawner``)
-#: is below the job's side, which checks a kernel's jobs against the same site profile.
-LAYERS = ["(top)", "batchsystems", "containers", "spawner", "job", "training", "dashboard", "doctor", "workshop"]
+#: (``atomic``, ``jobvalues``, ``controls``, ``configref``) come first. The hub's side (``spawner``) is below the
+#: job's side, which checks a kernel's jobs against the same site profile. The training backends (the only code that
+#: knows TensorFlow, Keras and Horovod) are below everything that uses them: ``diagnose``, the job's launcher, the
+#: training session, the doctor.
+LAYERS = ["(top)", "batchsystems", "containers", "spawner", "backends", "diagnose", "job", "training", "dashboard",
+          "doctor", "workshop"]
 
 
 def _name(path: Path) -> str:

@@ -410,7 +410,7 @@ def epochs_seen():
     return builtins.__dict__.get("hpcdl_epochs", 0)
 
 def iterations():
-    from jupyter_hpcdl.training.rank import _STATE
+    from jupyter_hpcdl.backends.horovod.rank import _STATE
     return int(_STATE["model"].optimizer.iterations)
 
 session = TrainingSession(ranks=4, where="allocation")

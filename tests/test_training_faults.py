@@ -54,7 +54,7 @@ def test_stall_message_names_the_rank_that_holds_the_others():
 
 
 def test_rendezvous_needs_the_secret_and_listens_on_one_address():
-    from jupyter_hpcdl.job.rendezvous import FORBIDDEN, SessionRendezvous
+    from jupyter_hpcdl.backends.horovod.rendezvous import FORBIDDEN, SessionRendezvous
 
     rv = SessionRendezvous(bind="127.0.0.1")
     port = rv.start()

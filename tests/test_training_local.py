@@ -8,9 +8,9 @@ import cloudpickle
 import pytest
 
 from jupyter_hpcdl.training import RankError, TrainingSession
-from jupyter_hpcdl.training.checkpoint import atomic_write
+from jupyter_hpcdl.atomic import atomic_write
 from jupyter_hpcdl.training.metrics import MetricsTable, straggler_ranks
-from jupyter_hpcdl.training.backend import keras_problem
+from jupyter_hpcdl.backends.horovod.hvd import keras_problem
 
 import workloads
 from workloads import digits_model, digits_shard
@@ -219,7 +219,7 @@ def test_uneven_shards_agree_on_the_steps_and_finish():
 
 def test_without_a_gpu_the_rank_reports_no_gpu_figures():
     """NVML is asked only for a GPU the rank was given; none (or no driver) gives no figures, never an error."""
-    from jupyter_hpcdl.training.gpu import RankGpu
+    from jupyter_hpcdl.backends.gpu import RankGpu
 
     assert RankGpu(visible="").sample() is None and RankGpu(visible="-1").sample() is None
     assert RankGpu(visible="0").sample() is None or os.path.exists("/dev/nvidiactl")

@@ -64,7 +64,7 @@ def optimizer_state():
     """A digest of the optimizer's variables (Adam's moments and step count) on this rank."""
     import hashlib
 
-    from jupyter_hpcdl.training.rank import _STATE
+    from jupyter_hpcdl.backends.horovod.rank import _STATE
     h = hashlib.sha256()
     for v in _STATE["model"].optimizer.variables:
         h.update(v.numpy().tobytes())

@@ -10,7 +10,8 @@ from jupyter_hpcdl.job.owner import AllocationOwner, check_ranks_fit, engines_ar
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.batchsystems.slurm import Slurm, expand_tasks_per_node, slurm_hosts
 from jupyter_hpcdl.job.tasks import gpu_share, spread
-from jupyter_hpcdl.job.world import Slot, gloo_env, hosts_from_tasks, iface_for, plan_slots, task_slot
+from jupyter_hpcdl.backends.horovod.environment import gloo_env
+from jupyter_hpcdl.job.world import Slot, hosts_from_tasks, iface_for, plan_slots, task_slot
 
 hosts_mod = pytest.importorskip("horovod.runner.common.util.hosts")
 

@@ -3,20 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jupyter_hpcdl.training.backend import keras_problem
+from jupyter_hpcdl.backends import load_backend
 
 from .facts import ImageFacts, NodeFacts
 from .report import FAIL, OK, SKIP, WARN, Finding
-
-KNOWN_TF = ((2, 15), (2, 18))  # TensorFlow releases Horovod 0.28.1 builds against as is (docs/admin.md)
-
 
 @dataclass(frozen=True)
 class Expected:
     """What the kernel side on the hub host's environment expects of the image."""
 
     hpcdl_version: str
-    horovod: str | None  # the pinned release, e.g. "0.28.1"
+    pinned: str | None  # the training backend's pinned framework release, e.g. Horovod's "0.28.1"
     #: Images the catalogue marks as having no training stack (``"training": false``): kernels run in them (on the
     #: host's environment, bound in), training ranks do not, so their stack is not checked.
     without_stack: frozenset[str] = frozenset()
@@ -85,39 +82,17 @@ def _version_findings(img: ImageFacts, expect: Expected, node: str) -> list[Find
         out.append(Finding("image versions", FAIL, f"{img.ref} has jupyter-hpcdl {have or 'not installed'}, the hub host "
                            f"{expect.hpcdl_version}", f"rebuild and publish {img.ref} with jupyter-hpcdl "
                            f"{expect.hpcdl_version} (docs/admin.md, 'The image')", where=node))
-    tf = v.get("tensorflow") or v.get("tensorflow-cpu")
-    if not tf:
-        out.append(Finding("image versions", FAIL, f"{img.ref} has no TensorFlow", "install tensorflow (or "
-                           "tensorflow-cpu) in the image", where=node))
-    else:
-        major_minor = tuple(int(x) for x in tf.split(".")[:2])
-        problem = keras_problem(tf, v.get("tf_use_legacy_keras"))
-        if problem:
-            out.append(Finding("image versions", FAIL, f"{img.ref}: {problem}", "use TensorFlow 2.15 or add tf-keras "
-                               "and TF_USE_LEGACY_KERAS=1", where=node))
-        elif not KNOWN_TF[0] <= major_minor <= KNOWN_TF[1]:
-            out.append(Finding("image versions", WARN, f"{img.ref} has TensorFlow {tf}, outside what Horovod 0.28.1 is "
-                               f"known to build against ({'.'.join(map(str, KNOWN_TF[0]))}–"
-                               f"{'.'.join(map(str, KNOWN_TF[1]))})", "prefer a TensorFlow in that range", where=node))
-    hvd = v.get("horovod")
-    if not hvd:
-        out.append(Finding("image versions", FAIL, f"{img.ref} has no Horovod", f"build horovod=={expect.horovod} "
-                           "against the image's TensorFlow (HOROVOD_WITH_TENSORFLOW=1) and install it", where=node))
-    else:
-        if expect.horovod and hvd != expect.horovod:
-            out.append(Finding("image versions", WARN, f"{img.ref} has Horovod {hvd}, jupyter-hpcdl is tested with "
-                               f"{expect.horovod}", f"install horovod=={expect.horovod}", where=node))
-        if v.get("horovod_tf_error"):
-            out.append(Finding("image versions", FAIL, f"{img.ref}: Horovod does not load with TensorFlow {tf}: "
-                               f"{v['horovod_tf_error']}", "rebuild Horovod in the image against its TensorFlow "
-                               "(pip install --no-build-isolation --no-cache-dir horovod)", where=node))
+    backend = load_backend()
+    levels = {"fail": FAIL, "warn": WARN}
+    out += [Finding("image versions", levels[f.level], f.message, f.fix, where=node)
+            for f in backend.assess_stack(v, img.ref, expect.pinned)]
     missing = [n for n in ("ipykernel", "ipyparallel") if not v.get(n)]
     if missing:
         out.append(Finding("image versions", FAIL, f"{img.ref} lacks {', '.join(missing)} (kernels and ranks run in "
                            "the container)", f"install {' '.join(missing)} in the image", where=node))
     if not out:
-        out.append(Finding("image versions", OK, f"{img.ref}: Python {v.get('python')}, TensorFlow {tf}, Horovod {hvd} "
-                           f"(loads), jupyter-hpcdl {have}, ipykernel {v.get('ipykernel')}, ipyparallel "
+        out.append(Finding("image versions", OK, f"{img.ref}: Python {v.get('python')}, {backend.stack_summary(v)}, "
+                           f"jupyter-hpcdl {have}, ipykernel {v.get('ipykernel')}, ipyparallel "
                            f"{v.get('ipyparallel')}", where=node))
     return out
 

@@ -19,6 +19,7 @@ from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
 from jupyter_hpcdl import __version__
+from jupyter_hpcdl.backends import load_backend
 from jupyter_hpcdl.containers.site import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV, load_site
 from jupyter_hpcdl.spawner.commands import as_user
 from jupyter_hpcdl.batchsystems.scheduler import JobRequest
@@ -62,14 +63,11 @@ def hub_api_url(cfg: Config) -> str:
 
 
 def expected(without_stack: frozenset[str] = frozenset()) -> Expected:
-    pin = None
     try:
-        for req in requires("jupyter-hpcdl") or ():
-            if req.replace(" ", "").startswith("horovod=="):
-                pin = req.replace(" ", "").split("==", 1)[1].split(";", 1)[0]
+        pin = load_backend().pinned_version(requires("jupyter-hpcdl") or ())
     except PackageNotFoundError:
-        pass
-    return Expected(hpcdl_version=__version__, horovod=pin, without_stack=without_stack)
+        pin = None
+    return Expected(hpcdl_version=__version__, pinned=pin, without_stack=without_stack)
 
 
 def _run(argv: list[str], env: dict[str, str], timeout: float, input: str | None = None) -> subprocess.CompletedProcess:

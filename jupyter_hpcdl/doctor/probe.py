@@ -19,27 +19,9 @@ from jupyter_hpcdl.containers.site import load_site
 from jupyter_hpcdl.containers.spec import RunSpec, udocker_base
 from jupyter_hpcdl.containers.udocker import Udocker
 from jupyter_hpcdl.atomic import atomic_write
+from jupyter_hpcdl.backends import load_backend
 
 from .facts import ImageFacts, NodeFacts, ProbeRequest, request_from_json
-
-# Runs in the container: what the kernel side needs, and whether Horovod loads with this TensorFlow.
-VERSIONS_SCRIPT = r"""
-import importlib.metadata as m, json, os, sys
-out = {"python": "%d.%d.%d" % sys.version_info[:3], "tf_use_legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS"),
-       "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-for name in ("jupyter-hpcdl", "tensorflow", "tensorflow-cpu", "horovod", "ipykernel", "ipyparallel"):
-    try:
-        out[name] = m.version(name)
-    except m.PackageNotFoundError:
-        out[name] = None
-try:
-    import horovod.tensorflow  # loads Horovod's TensorFlow ops: fails when built against another TensorFlow
-    out["horovod_tf_error"] = ""
-except Exception as e:
-    out["horovod_tf_error"] = (type(e).__name__ + ": " + str(e))[:400]
-print("HPCDL-VERSIONS " + json.dumps(out))
-"""
-
 
 def check_hub(url: str, timeout: float) -> tuple[int, str]:
     """(HTTP status, "") when the hub's API answers at ``url``, else (0, why). With JupyterHub's ``internal_ssl``
@@ -81,7 +63,7 @@ def probe_image(ud: Udocker, ref: str, registry: str | None, timeout: float) -> 
         except ContainerError as e:
             facts = replace(facts, container_mode="none", container_mode_reason=str(e))
         env = ["CUDA_VISIBLE_DEVICES"] if "CUDA_VISIBLE_DEVICES" in os.environ else []
-        done = ud.run(RunSpec(facts.container, ["python3", "-c", VERSIONS_SCRIPT], env_names=env), timeout=timeout)
+        done = ud.run(RunSpec(facts.container, ["python3", "-c", load_backend().probe_script], env_names=env), timeout=timeout)
         line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("HPCDL-VERSIONS ")), None)
         if done.returncode or line is None:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]

@@ -1,5 +1,5 @@
-"""``hpcdl-launch``: run a command as Horovod ranks, one per task of the batch job, each inside the user's udocker
-container, joined over Gloo through a rendezvous this launcher owns. Run it inside an allocation (a batch script or salloc)::
+"""``hpcdl-launch``: run a command as the training backend's ranks (Horovod's), one per task of the batch job, each
+inside the user's udocker container, joined over Gloo through a rendezvous this launcher owns. Run it inside an allocation (a batch script or salloc)::
 
     hpcdl-launch --image hpcdl/base:latest -- python3 train.py
 
@@ -26,9 +26,11 @@ from ..atomic import write_json
 from ..containers.site import load_site
 from ..batchsystems.scheduler import job_scheduler, serves
 from .tasks import job_hosts, supervise
-from .world import Slot, gloo_env, iface_for, plan_slots, task_slot
+from ..backends import load_backend
+from .world import Slot, iface_for, plan_slots, task_slot
 
-GLOO_NAMES = tuple(gloo_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
+BACKEND = load_backend()
+GLOO_NAMES = tuple(BACKEND.rank_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
 RENDEZVOUS_ENV = "HPCDL_RENDEZVOUS"
 PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME", "JOB_ID")
 
@@ -76,7 +78,7 @@ def run_rank(args, command: list[str]) -> int:
     if not rendezvous:
         print(f"hpcdl-launch --rank: ${RENDEZVOUS_ENV} is not set (start ranks with hpcdl-launch)", file=sys.stderr)
         return 2
-    os.environ.update(gloo_env(slot, rendezvous, args.port, args.iface))
+    os.environ.update(BACKEND.rank_env(slot, rendezvous, args.port, args.iface))
     names = [n for n in (*GLOO_NAMES, *PASS_THROUGH, *args.env) if n in os.environ]
     argv = [sys.executable, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), args.image, "--", *command]
     if args.slot is None:
@@ -90,15 +92,8 @@ GRACE_S = 10.0
 
 
 def _rendezvous(bind: str, hosts: list[tuple[str, int]]):
-    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-
-    from .rendezvous import SessionRendezvous
-
-    server = SessionRendezvous(bind=bind)  # only on the ranks' interface, only with the secret
-    server.start()
-    size = sum(n for _, n in hosts)
-    server.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in hosts)), size))
-    return server
+    # only on the ranks' interface, only with the secret
+    return BACKEND.start_rendezvous(bind, hosts, sum(n for _, n in hosts))
 
 
 def _relay(stream, rank: int, out) -> None:
@@ -190,7 +185,7 @@ def run_local(args, command: list[str]) -> tuple[int, str]:
     ranks = _Ranks(args.label)
     try:
         for slot in plan_slots(hosts):
-            ranks.start(slot.rank, command, {**os.environ, **gloo_env(slot, server.rank_address("127.0.0.1"), server.port, "lo")})
+            ranks.start(slot.rank, command, {**os.environ, **BACKEND.rank_env(slot, server.rank_address("127.0.0.1"), server.port, "lo")})
         return ranks.watch(args.time_limit)
     except _Stopped as e:
         _end(ranks.procs)  # with the grace: the ranks may checkpoint

@@ -1,7 +1,7 @@
-"""One Horovod world: which slot (rank, local rank, cross rank) each process takes, and the environment that joins it
-to a Gloo rendezvous. Pure functions: the same plan as Horovod's own ``get_host_assignments``, computed from what
+"""One world of ranks: which slot (rank, local rank, cross rank) each process takes, and the network interface its
+collectives bind to. Pure functions: the same plan as Horovod's own ``get_host_assignments``, computed from what
 the batch system says (its hosts and their slots), so ranks can be started by srun, qrsh, ipyparallel or anything
-else."""
+else; the environment that joins a slot to its framework's world is the backend's (:mod:`jupyter_hpcdl.backends`)."""
 from __future__ import annotations
 
 import ipaddress
@@ -44,34 +44,6 @@ def task_slot(hosts: Sequence[tuple[str, int]], index: int, node: str | None = N
         raise ValueError(f"task {index} runs on {node} as local {local_rank}, not where block distribution puts it "
                          f"({slot.hostname}, local {slot.local_rank}): start the step block-wise")
     return slot
-
-
-def gloo_env(slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str,
-             timeout_s: float | None = None) -> dict[str, str]:
-    """What a rank needs, before Horovod is imported, to join the Gloo world at the rendezvous. ``timeout_s``: how
-    long Gloo waits for the other ranks (Horovod's default, 30 s, where not given): a rank that imported its
-    framework sooner than a peer on a loaded node must not give up on it before the caller's own deadline."""
-    timeout = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(30, round(timeout_s)))} if timeout_s else {}
-    return {**timeout,
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_IFACE": iface,
-        "HOROVOD_HOSTNAME": slot.hostname,
-        "HOROVOD_RANK": str(slot.rank),
-        "HOROVOD_SIZE": str(slot.size),
-        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
-        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
-        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-    }
-
-
-def mpi_env() -> dict[str, str]:
-    """What a rank needs to join the world over MPI: its rank and size come from the MPI launcher (mpiexec, or
-    srun with a PMI plugin)."""
-    return {"HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi"}
 
 
 def hosts_from_tasks(tasks: Sequence[tuple[int, str]]) -> list[tuple[str, int]]:

@@ -16,9 +16,9 @@ def weak_data(data, base: int):
     as needed), whatever form the data has."""
 
     def shard(rank: int, size: int):
-        from .rank_data import load_shard
+        from ..backends import load_backend
 
-        part = load_shard(data, rank % base, base)
+        part = load_backend().load_shard(data, rank % base, base)
         return part.dataset if part.dataset is not None else (part.x, part.y)
 
     return shard

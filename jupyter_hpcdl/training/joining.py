@@ -1,28 +1,24 @@
 """One world out of a placement's engines (runs in the kernel): the Gloo environment of each rank (with the
-session's own rendezvous) or the MPI one, and the check that the engines joined one world, not several."""
+session's own rendezvous) or the MPI one, as the training backend sets them, and the check that the engines joined one world, not several."""
 from __future__ import annotations
 
-from ..job.world import gloo_env, iface_for, mpi_env, plan_slots
+from ..backends import load_backend
+from ..job.world import iface_for, plan_slots
 from .placement import Engines
 
 
 def gloo_envs(engines: Engines, ranks: int, iface: str | None = None, timeout_s: float | None = None):
     """Start a rendezvous for this world (bound to the ranks' address, answering only with its secret); it and
     each rank's Gloo environment, in rank order (Gloo waiting up to ``timeout_s`` for the other ranks)."""
-    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-
-    from ..job.rendezvous import SessionRendezvous
-
-    rendezvous = SessionRendezvous(bind=engines.addr)
-    port = rendezvous.start()
-    rendezvous.init(get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in engines.hosts)), ranks))
+    backend = load_backend()
+    rendezvous = backend.start_rendezvous(engines.addr, engines.hosts, ranks)
     iface = iface or iface_for(engines.addr)
-    return rendezvous, [gloo_env(s, rendezvous.rank_address(engines.addr), port, iface, timeout_s)
+    return rendezvous, [backend.rank_env(s, rendezvous.rank_address(engines.addr), rendezvous.port, iface, timeout_s)
                         for s in plan_slots(engines.hosts)]
 
 
 def mpi_envs(engines: Engines) -> list[dict]:
-    return [mpi_env()] * len(engines.ids)
+    return [load_backend().mpi_env()] * len(engines.ids)
 
 
 def check_one_world(world: list[dict], ranks: int) -> None:

@@ -10,7 +10,7 @@
     session.close()
 
 Where the engines run is :mod:`.placement`, how they join one world :mod:`.joining`, what each rank does
-:mod:`.rank` (and :mod:`.scripts`), scaling experiments :mod:`.experiments`. The session owns the Gloo rendezvous
+:mod:`jupyter_hpcdl.backends`, scaling experiments :mod:`.experiments`. The session owns the Gloo rendezvous
 for its whole life. Each fit ends with a check that all ranks hold identical weights: a world that silently
 stopped averaging is an error, never a result."""
 from __future__ import annotations
@@ -30,8 +30,7 @@ import ipyparallel as ipp
 from ..containers.kernelspec import kernel_image
 from ..job.owner import request
 from ..job.newjob import NewAllocation, rank_job
-from . import rank as rank_side
-from . import scripts as script_side
+from ..backends import load_backend
 from .experiments import run_scaling
 from .joining import check_one_world, gloo_envs, mpi_envs
 from .metrics import MetricsTable, rank_rows, straggler_ranks
@@ -41,6 +40,8 @@ from .reaper import start_reaper, stop_reaper
 from .spec import TrainingSpec, check_batch_size, make_spec
 from .walltime import DEFAULT_MARGIN, WalltimeWatch
 from .watchdog import kill_local_engines, local_process_states, stall_message
+
+rank_side = load_backend()  # what runs on the ranks: the training backend's functions, shipped by reference
 
 __all__ = ["FitResult", "RankError", "ScriptResult", "TrainingSession", "WorldDiverged", "check_one_world",
            "container_engine_cmd"]
@@ -468,7 +469,8 @@ class TrainingSession:
     # -- checkpoints, recovery, rescaling ----------------------------------------------------------------------------
     def checkpoint(self, path: str) -> str:
         """Write the model, its optimizer's state, the epochs and the data position into the directory ``path``
-        (rank 0 writes; TensorFlow reads it as it is: see :mod:`.checkpoint`); the directory."""
+        (rank 0 writes; TensorFlow reads it as it is: see :mod:`jupyter_hpcdl.backends.horovod.checkpoint`); the
+        directory."""
         return next(p for p in self._all(rank_side.save, os.path.expanduser(path)) if p)
 
     def resume(self, path: str) -> list[dict]:
@@ -576,7 +578,7 @@ class TrainingSession:
         self._clear_stop()
         t0 = time.perf_counter()
         self._report("training")
-        ar = self._view.apply_async(script_side.run_script, path, list(args), self.stop_file)
+        ar = self._view.apply_async(rank_side.run_script, path, list(args), self.stop_file)
         echoed: dict[int, int] = {}
         ranks = sorted(self._engine_of)
 

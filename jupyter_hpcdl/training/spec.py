@@ -6,6 +6,8 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from ..backends.base import NpzFile
+
 
 @dataclass(frozen=True)
 class ShortCompile:
@@ -14,16 +16,6 @@ class ShortCompile:
     loss: Any
     metrics: tuple = ()
     lr: float = 0.01
-
-
-@dataclass(frozen=True)
-class NpzFile:
-    """Arrays ``x`` and ``y`` (or the names given) in a ``.npz`` file on the shared file system; each rank reads its
-    shard (every size-th sample) memory-mapped, so no rank holds more than its part."""
-
-    path: str
-    x: str = "x"
-    y: str = "y"
 
 
 @dataclass(frozen=True)

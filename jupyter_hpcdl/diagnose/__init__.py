@@ -1,6 +1,6 @@
 """``python -m jupyter_hpcdl.diagnose [--allreduce]``: what this process sees, as one JSON line — node, GPUs
 assigned, user, the image it runs in and in which container mode (``userns``: the fast path; ``P1``: proot; None
-outside a container) and, with ``--allreduce``, whether Horovod joins every rank (a sum over
+outside a container) and, with ``--allreduce``, whether the training backend (Horovod) joins every rank (a sum over
 ranks of rank+1, which must equal size*(size+1)/2)."""
 from __future__ import annotations
 
@@ -31,14 +31,9 @@ def report(allreduce: bool = False) -> dict:
         "python": sys.version.split()[0],
     }
     if allreduce:
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
+        from ..backends import load_backend
 
-        hvd.init()
-        total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy().tolist()[0]
-        size = hvd.size()
-        info.update(rank=hvd.rank(), size=size, local_rank=hvd.local_rank(), allreduce_sum=total,
-                    allreduce_ok=total == size * (size + 1) / 2, gpus=len(tf.config.list_physical_devices("GPU")))
+        info.update(load_backend().check_allreduce())
     return info
 
 
@@ -48,7 +43,3 @@ def main(argv: list[str] | None = None) -> int:
     info = report(p.parse_args(argv).allreduce)
     print(json.dumps(info, sort_keys=True), flush=True)
     return 0 if info.get("allreduce_ok", True) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

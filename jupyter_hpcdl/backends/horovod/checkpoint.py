@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
-from ..atomic import atomic_write
+from ...atomic import atomic_write
 
 MANIFEST = "hpcdl.json"
 

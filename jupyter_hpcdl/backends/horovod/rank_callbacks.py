@@ -9,7 +9,7 @@ import os
 import socket
 import time
 from collections import deque
-from . import backend
+from . import hvd
 
 
 OUTBOX_SIZE = 32
@@ -45,12 +45,12 @@ def make_callbacks(progress: dict, stop_file: str, batch_size: int | None, publi
     """Publisher, StopWhenAsked and Count, sharing ``progress`` (``epochs_done``, ``batches_done``)."""
     import psutil
     import tensorflow as tf
-    from .gpu import RankGpu
+    from ..gpu import RankGpu
 
-    rank = backend.rank()
+    rank = hvd.rank()
     process = psutil.Process()
     has_gpu = bool(tf.config.list_logical_devices("GPU"))
-    gpu = RankGpu(default_index=backend.local_rank() if has_gpu else None)
+    gpu = RankGpu(default_index=hvd.local_rank() if has_gpu else None)
 
     def gpu_memory_mb() -> float | None:
         """TensorFlow's memory in use on this rank's GPU (None without one)."""
@@ -108,7 +108,7 @@ def make_callbacks(progress: dict, stop_file: str, batch_size: int | None, publi
             if batch % check_every:  # the same batches on every rank, so the collective stays matched
                 return
             asked = 1.0 if os.path.exists(stop_file) else 0.0
-            if backend.allreduce_max([asked], "hpcdl.stop")[0] > 0:
+            if hvd.allreduce_max([asked], "hpcdl.stop")[0] > 0:
                 raise TrainingStopped(f"stopped in epoch {progress['epochs_done'] + 1} after batch {batch}")
 
     class Count(tf.keras.callbacks.Callback):
@@ -131,5 +131,5 @@ def user_callbacks(callbacks, rank: int, size: int) -> list:
 
 def ordered(first: list, user: list, ours: list) -> list:
     """Broadcast first, then metric averaging, so the user's callbacks (and ours) see averaged epoch metrics."""
-    return [*first, backend.metric_average_callback(), *user, *ours]
+    return [*first, hvd.metric_average_callback(), *user, *ours]
 

@@ -1,16 +1,15 @@
 """What runs on each rank (an ipyparallel engine, natively or in the user's container): join the world, build the
 user's model with an optimizer that averages gradients, train epoch by epoch while publishing metrics, stop with all
 ranks at the same batch, checkpoint and resume. The state of this rank lives in ``_STATE``; what is Horovod's is
-in :mod:`.backend`."""
+in :mod:`.hvd`."""
 from __future__ import annotations
 
 import hashlib
 import os
 import socket
 
-from . import backend
+from . import hvd
 from . import checkpoint as checkpoints
-from .backend import keras_problem  # noqa: F401 - the doctor's check
 from .rank_callbacks import TrainingStopped, make_callbacks, ordered, user_callbacks
 from .rank_data import batches_per_pass, load_shard, training_stream, validation_stream
 
@@ -26,7 +25,7 @@ def join(env: dict) -> dict:
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
-    place = backend.init()
+    place = hvd.init()
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.set_visible_devices(gpus[place["local_rank"] % len(gpus)], "GPU")
@@ -75,9 +74,9 @@ def compile_for_world(model, spec):
         raise ValueError("model_fn returned a model that is not compiled: call model.compile(optimizer=..., loss=..., "
                          "metrics=...) in model_fn, or give loss= (and lr=) for the short form")
     args = model._get_compile_args()  # the user's optimizer, loss, metrics and weights, as compiled
-    args["optimizer"] = backend.distributed_optimizer(args["optimizer"])
+    args["optimizer"] = hvd.distributed_optimizer(args["optimizer"])
     if spec.scale_lr:
-        scale_learning_rate(args["optimizer"], backend.size())
+        scale_learning_rate(args["optimizer"], hvd.size())
     model.compile(**args)
     return model
 
@@ -88,7 +87,7 @@ def build(spec) -> dict:
     import tensorflow as tf
 
     failure, mine = None, 0
-    rank, size = backend.rank(), backend.size()
+    rank, size = hvd.rank(), hvd.size()
     try:
         tf.keras.utils.set_random_seed(spec.seed)
         model = compile_for_world(spec.model_fn(), spec)
@@ -127,7 +126,7 @@ def agreed_steps(mine: int, failed: bool) -> tuple[int, bool]:
     (``mine`` is this rank's); and whether any rank failed to build. Uneven shards would otherwise deadlock (a rank
     with one batch fewer leaves the epoch while its peers wait in the next gradient allreduce); ranks with smaller
     shards wrap around (no sample is dropped: each shard is read pass after pass)."""
-    steps, failed_anywhere = backend.allreduce_max([mine, float(failed)], "hpcdl.steps")
+    steps, failed_anywhere = hvd.allreduce_max([mine, float(failed)], "hpcdl.steps")
     return int(steps), bool(failed_anywhere)
 
 
@@ -135,8 +134,8 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
     """Train ``epochs`` more epochs; return this rank's history, whether it was stopped, and a weights digest."""
     model, spec, progress = _STATE["model"], _STATE["spec"], _STATE["progress"]
     shard = _STATE["shard"]
-    rank, size = backend.rank(), backend.size()
-    first = [] if _STATE["broadcast_done"] else [backend.broadcast_callback()]
+    rank, size = hvd.rank(), hvd.size()
+    first = [] if _STATE["broadcast_done"] else [hvd.broadcast_callback()]
     _STATE["broadcast_done"] = True
     ours = make_callbacks(progress, stop_file, spec.batch_size if shard.dataset is None else None, publish_every,
                           check_every, min_interval)
@@ -154,7 +153,7 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
 
 
 def shard_size() -> dict:
-    return {"rank": backend.rank(), "samples": _STATE["shard"].samples, "batches_per_pass": _STATE["per_pass"]}
+    return {"rank": hvd.rank(), "samples": _STATE["shard"].samples, "batches_per_pass": _STATE["per_pass"]}
 
 
 def weights_digest() -> str:
@@ -179,11 +178,11 @@ def set_lr(lr: float) -> float:
 def save(path: str) -> str | None:
     """Rank 0 writes the model, the optimizer's state and the progress (see :mod:`.checkpoint`); the others
     nothing."""
-    if backend.rank() != 0:
+    if hvd.rank() != 0:
         return None
     progress = _STATE["progress"]
     checkpoints.save(path, _STATE["model"], checkpoints.Progress(progress["epochs_done"], progress["batches_done"],
-                                                                 backend.size(), _STATE["spec"].seed))
+                                                                 hvd.size(), _STATE["spec"].seed))
     return checkpoints.check_target(path)
 
 
@@ -192,13 +191,13 @@ def load(path: str) -> dict:
     state, epoch, and — in a world of the same size — the same place in the data."""
     saved = checkpoints.load(path, _STATE["model"])
     _STATE["progress"] = {"epochs_done": saved.epochs_done,
-                          "batches_done": saved.start_batch(backend.size(), _STATE["steps"])}
+                          "batches_done": saved.start_batch(hvd.size(), _STATE["steps"])}
     _STATE["broadcast_done"] = True
-    return {"rank": backend.rank(), "epochs_done": saved.epochs_done, "weights": weights_digest(),
+    return {"rank": hvd.rank(), "epochs_done": saved.epochs_done, "weights": weights_digest(),
             "iterations": int(_STATE["model"].optimizer.iterations), "saved_world_size": saved.world_size}
 
 
 def leave() -> None:
     if "progress" in _STATE:
-        backend.shutdown()
+        hvd.shutdown()
     _STATE.clear()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .spec import NpzFile
+from ..base import NpzFile
 
 
 @dataclass

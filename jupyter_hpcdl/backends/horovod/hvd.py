@@ -1,8 +1,8 @@
-"""Everything Horovod-specific that a rank does, in one place: join the world, wrap the user's optimizer so it
-averages gradients, broadcast rank 0's variables, average metrics, and the small allreduces the session agrees
-through. Another backend (``tf.distribute``'s multi-worker strategy, PyTorch DDP) would be a sibling of this module.
+"""Horovod's own calls on a rank, in one place: join the world, wrap the user's optimizer so it averages gradients,
+broadcast rank 0's variables, average metrics, and the small allreduces the session agrees through. The rest of the
+backend (:mod:`.rank`, :mod:`.rank_callbacks`, :mod:`.scripts`) reaches Horovod only through here.
 
-Runs on the ranks (ipyparallel engines); nothing here is imported by the kernel."""
+Runs on the ranks (ipyparallel engines, ``hpcdl-launch``'s processes); the kernel imports it without calling it."""
 from __future__ import annotations
 
 import os
@@ -76,3 +76,16 @@ def metric_average_callback():
 
 def shutdown() -> None:
     _hvd().shutdown()
+
+
+def check_allreduce() -> dict:
+    """Join the world (its environment was set before) and sum rank+1 over the ranks, which must equal
+    size*(size+1)/2: this rank's place, the sum, and whether it is right."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy().tolist()[0]
+    size = hvd.size()
+    return dict(rank=hvd.rank(), size=size, local_rank=hvd.local_rank(), allreduce_sum=total,
+                allreduce_ok=total == size * (size + 1) / 2, gpus=len(tf.config.list_physical_devices("GPU")))

@@ -9,7 +9,7 @@ import runpy
 import sys
 import warnings
 
-from . import backend
+from . import hvd
 from .rank_callbacks import TrainingStopped, make_callbacks
 
 FIT_CALLBACKS_POSITION = 5  # Model.fit(x, y, batch_size, epochs, verbose, callbacks, ...)
@@ -86,4 +86,4 @@ def run_script(path: str, args: list[str], stop_file: str, publish_every: int = 
         sys.argv, sys.path[:] = argv, sys_path
         sys.stdout.flush()
         sys.stderr.flush()
-    return {"rank": backend.rank(), "exit_code": code, "stopped": stopped, "epochs_done": progress["epochs_done"]}
+    return {"rank": hvd.rank(), "exit_code": code, "stopped": stopped, "epochs_done": progress["epochs_done"]}
