@@ -63,6 +63,15 @@ class Backend(Protocol):
     #: ``leave()``: leave the world and forget this rank's state (a no-op when not joined).
     leave: Callable[[], None]
 
+    #: ``rank()``, ``size()``, ``local_rank()``: this rank's place in the world it joined.
+    rank: Callable[[], int]
+    size: Callable[[], int]
+    local_rank: Callable[[], int]
+    #: ``allreduce_max(values, name)``, ``allreduce_sum(values, name)``: the elementwise maximum or sum of a few
+    #: numbers over all ranks (every rank calls it, with the same ``name``); how the ranks agree (steps, stop).
+    allreduce_max: Callable[[list, str], list]
+    allreduce_sum: Callable[[list, str], list]
+
     # -- rank: the session's training ----------------------------------------------------------------------------
     #: ``build(spec) -> dict``: the user's model (its optimizer made to average over the ranks, the learning rate
     #: scaled when asked) and this rank's data shard; the ranks agree on the steps of an epoch in one collective

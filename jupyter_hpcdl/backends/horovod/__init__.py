@@ -4,9 +4,14 @@ point group; :data:`BACKEND` is what :func:`jupyter_hpcdl.backends.load_backend`
 TensorFlow, Keras and Horovod in the package is in this package."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from . import environment, hvd, rank, rank_data, scripts, stack
+from ..base import Backend, StackFinding
+from . import environment, hvd, rank_data, scripts, stack
+from . import rank as training
+
+if TYPE_CHECKING:
+    from ...job.world import Slot
 
 
 class HorovodBackend:
@@ -14,15 +19,20 @@ class HorovodBackend:
 
     name = "horovod"
 
-    join = staticmethod(rank.join)
-    leave = staticmethod(rank.leave)
-    build = staticmethod(rank.build)
-    fit = staticmethod(rank.fit)
-    shard_size = staticmethod(rank.shard_size)
-    weights_digest = staticmethod(rank.weights_digest)
-    set_lr = staticmethod(rank.set_lr)
-    save = staticmethod(rank.save)
-    load = staticmethod(rank.load)
+    join = staticmethod(training.join)
+    leave = staticmethod(training.leave)
+    rank = staticmethod(hvd.rank)
+    size = staticmethod(hvd.size)
+    local_rank = staticmethod(hvd.local_rank)
+    allreduce_max = staticmethod(hvd.allreduce_max)
+    allreduce_sum = staticmethod(hvd.allreduce_sum)
+    build = staticmethod(training.build)
+    fit = staticmethod(training.fit)
+    shard_size = staticmethod(training.shard_size)
+    weights_digest = staticmethod(training.weights_digest)
+    set_lr = staticmethod(training.set_lr)
+    save = staticmethod(training.save)
+    load = staticmethod(training.load)
     run_script = staticmethod(scripts.run_script)
     load_shard = staticmethod(rank_data.load_shard)
     check_allreduce = staticmethod(hvd.check_allreduce)
@@ -32,7 +42,7 @@ class HorovodBackend:
     def start_rendezvous(self, bind: str, hosts: Sequence[tuple[str, int]], size: int):
         return environment.start_rendezvous(bind, hosts, size)
 
-    def rank_env(self, slot, rendezvous_addr: str, rendezvous_port: int, iface: str,
+    def rank_env(self, slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str,
                  timeout_s: float | None = None) -> dict[str, str]:
         return environment.gloo_env(slot, rendezvous_addr, rendezvous_port, iface, timeout_s)
 
@@ -42,11 +52,11 @@ class HorovodBackend:
     def pinned_version(self, requirements: Sequence[str]) -> str | None:
         return stack.pinned_version(requirements)
 
-    def assess_stack(self, versions: dict, ref: str, pinned: str | None) -> list:
+    def assess_stack(self, versions: dict, ref: str, pinned: str | None) -> list[StackFinding]:
         return stack.assess_stack(versions, ref, pinned)
 
     def stack_summary(self, versions: dict) -> str:
         return stack.stack_summary(versions)
 
 
-BACKEND = HorovodBackend()
+BACKEND: Backend = HorovodBackend()

@@ -59,6 +59,15 @@ def allreduce_max(values: list[float], name: str) -> list[float]:
                                                name=name).numpy()]
 
 
+def allreduce_sum(values: list[float], name: str) -> list[float]:
+    """The elementwise sum over all ranks (every rank must call it, with the same ``name``)."""
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    return [float(v) for v in hvd_tf.allreduce(tf.constant([float(v) for v in values]), op=hvd_tf.Sum,
+                                               name=name).numpy()]
+
+
 def distributed_optimizer(optimizer):
     """The user's optimizer (any Keras optimizer, with its schedule) averaging gradients over the ranks."""
     return _hvd().DistributedOptimizer(optimizer)
