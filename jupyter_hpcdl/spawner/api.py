@@ -84,6 +84,6 @@ class PreviewHandler(APIHandler):
 
 
 def hardened_routes() -> list[tuple[str, type[APIHandler]]]:
-    """The hub's API routes of this module (relative to the hub's prefix): the callback under both names, the preview."""
+    """This module's API routes, relative to the hub's prefix: the callback under both names, the preview."""
     return [(r"/api/hpcdl/callback", CallbackHandler), (BATCHSPAWNER_ROUTE, CallbackHandler),
             (r"/api/hpcdl/preview", PreviewHandler)]

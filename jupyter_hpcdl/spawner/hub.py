@@ -7,9 +7,10 @@
 - The proxy's routes, refreshed while spawns that were pending at a hub restart are followed (``get_url``).
 
 HpcdlSpawner calls ``install()`` as it is made, before it has a token: so the routes are hardened before any job of
-it could call back; its settings start the sweep if none runs yet. A ``jupyterhub_config.py`` may call ``install()`` as well: then, as the hub starts
-its spawners (before it listens), the routes are hardened and the sweep starts even with no server running;
-without it, the sweep starts with the hub's first server. Importing this package changes nothing in JupyterHub.
+it could call back; its settings start the sweep if none runs yet. A ``jupyterhub_config.py`` may call ``install()``
+as well: then, as the hub starts its spawners (before it listens), the routes are hardened and the sweep starts even
+with no server running; without it, the sweep starts with the hub's first server. Importing this package changes
+nothing in JupyterHub.
 """
 from __future__ import annotations
 
