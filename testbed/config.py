@@ -167,7 +167,10 @@ c.ConfigurableHTTPProxy.pid_file = "{d}/proxy.pid"
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = {password!r}
 c.Authenticator.allowed_users = set({users!r})
-# The spawner: JupyterLab as a batch job on the GPU nodes, kernels in the user's udocker container.
+# The spawner: JupyterLab as a batch job on the GPU nodes, kernels in the user's udocker container; its hub-wide
+# part (the hardened callback, the orphan sweep) installed from the hub's start.
+from jupyter_hpcdl.spawner.hub import install
+install()
 c.JupyterHub.spawner_class = "hpcdl"
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # straight to the progress page: jobs queue

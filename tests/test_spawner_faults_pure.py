@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, strategies as st
 
-from jupyter_hpcdl.spawner import queue as queue_module
+from jupyter_hpcdl.spawner.hub import install
 from jupyter_hpcdl.commands import Result
 from jupyter_hpcdl.spawner import commands
 from jupyter_hpcdl.spawner.orphans import JobMark, OrphanSweeper, find_suspects, is_orphan
@@ -102,18 +102,19 @@ def make_spawner(flaky, **traits):
 
     spawner = HpcdlSpawner(user=SimpleNamespace(name="alice", url="/user/alice/"), orm_spawner=None, **traits)
     spawner.job_id = "7"
-    queue_module._QUEUES[("slurm", spawner.queue_interval)] = JobQueue(Slurm(), spawner.queue_interval, runner=flaky,
-                                                                      max_backoff=spawner.queue_max_backoff)
+    spawner.hub_wide.queues[("slurm", spawner.queue_interval)] = JobQueue(Slurm(), spawner.queue_interval, runner=flaky,
+                                                                         max_backoff=spawner.queue_max_backoff)
     return spawner
 
 
 @pytest.fixture
 def fresh_queues():
-    saved = dict(queue_module._QUEUES)
-    queue_module._QUEUES.clear()
+    queues = install().queues  # the hub-wide queues of this process
+    saved = dict(queues)
+    queues.clear()
     yield
-    queue_module._QUEUES.clear()
-    queue_module._QUEUES.update(saved)
+    queues.clear()
+    queues.update(saved)
 
 
 def test_poll_keeps_a_running_server_for_the_sites_grace_then_says_why(fresh_queues):

@@ -84,7 +84,7 @@ def test_the_spawner_shows_the_tail_or_why_not_and_never_the_target_of_a_link(tm
     os.mkfifo(tmp_path / "9.log")
 
     async def tails():
-        return [await spawner._log_tail(str(tmp_path / f"{n}.log")) for n in (7, 8, 9, 10)]
+        return [await spawner.log_tail(str(tmp_path / f"{n}.log")) for n in (7, 8, 9, 10)]
 
     shown, link, fifo, missing = asyncio.run(asyncio.wait_for(tails(), 60))
     assert missing == ""  # a job that ended before writing its log: nothing to show
@@ -106,7 +106,7 @@ def test_the_spawner_reads_as_the_user_not_with_its_own_rights():
             os.chmod(path, mode)
 
         async def both():
-            return await asyncio.gather(spawner._log_tail(readable), spawner._log_tail(root_only))
+            return await asyncio.gather(spawner.log_tail(readable), spawner.log_tail(root_only))
 
         shown, refused = asyncio.run(asyncio.wait_for(both(), 60))
     finally:

@@ -4,10 +4,10 @@
   with the server's own token. Exactly ``{"port": <1..65535>}`` is accepted; anything else is refused and changes
   nothing. The node comes from the scheduler, never from the job.
 - ``POST /hub/api/batchspawner``: batchspawner 1.3.0's route sets *any* spawner attribute the JSON body names
-  (including commands the hub later runs) for anyone holding the job's token. Importing this module replaces that
-  handler with the hardened callback above, which still serves plain batchspawner spawners: their job wrapper
-  only ever sends the port, and only ``port`` is set. JupyterHub loads every installed spawner entry point, so with
-  this package installed the route is hardened whichever spawner a hub uses.
+  (including commands the hub later runs) for anyone holding the job's token. In a hub with HpcdlSpawner, the
+  hardened callback above answers that route in its place (``hub.install`` puts these routes in front of the
+  hub's own); it still serves plain batchspawner spawners: their job wrapper only ever sends the port, and only
+  ``port`` is set. Importing this module changes no route.
 - ``GET /hub/api/hpcdl/preview``: the exact batch script and GPU-hours for the form's current values, for the
   user's default server or one of their named servers (404 for any other name: it never creates a server).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from jupyterhub.apihandlers import APIHandler, default_handlers
+from jupyterhub.apihandlers import APIHandler
 from tornado import web
 
 BATCHSPAWNER_ROUTE = r"/api/batchspawner"
@@ -83,15 +83,7 @@ class PreviewHandler(APIHandler):
             raise web.HTTPError(400, str(e))
 
 
-def install_handlers(handlers: list) -> None:
-    """Put the hardened handlers into JupyterHub's API routes, in place of batchspawner's."""
-    try:
-        import batchspawner.api  # noqa: F401 -- registers its route now, so it cannot be appended after ours
-    except ImportError:
-        pass
-    handlers[:] = [h for h in handlers if h[0] not in (BATCHSPAWNER_ROUTE, r"/api/hpcdl/callback", r"/api/hpcdl/preview")]
-    handlers.extend([(r"/api/hpcdl/callback", CallbackHandler), (BATCHSPAWNER_ROUTE, CallbackHandler),
-                     (r"/api/hpcdl/preview", PreviewHandler)])
-
-
-install_handlers(default_handlers)
+def hardened_routes() -> list[tuple[str, type[APIHandler]]]:
+    """This module's API routes, relative to the hub's prefix: the callback under both names, the preview."""
+    return [(r"/api/hpcdl/callback", CallbackHandler), (BATCHSPAWNER_ROUTE, CallbackHandler),
+            (r"/api/hpcdl/preview", PreviewHandler)]

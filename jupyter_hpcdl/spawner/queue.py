@@ -1,6 +1,6 @@
 """One scheduler query per interval serves every server of the hub: each spawner asks this cache about its job,
 and the queue is read again only when the last reading is older than the interval (concurrent askers share one
-query).
+query); hub.py keeps one per scheduler for the hub process.
 
 A scheduler that cannot be asked (an error, a timeout: an overloaded or restarting controller) makes every job's
 phase UNKNOWN, never ENDED: the last reading is kept, and the queue is asked again with exponential backoff (from the
@@ -168,13 +168,3 @@ class JobQueue:
         reason = self._reasons[info.job_id][1]
         return replace(info, reason=reason) if reason else info
 
-
-_QUEUES: dict[tuple[str, float], JobQueue] = {}
-
-
-def shared_queue(scheduler: Scheduler, interval: float, max_backoff: float = 60.0) -> JobQueue:
-    """The hub-wide queue for this scheduler."""
-    key = (scheduler.name, interval)
-    if key not in _QUEUES:
-        _QUEUES[key] = JobQueue(scheduler, interval, max_backoff=max_backoff)
-    return _QUEUES[key]

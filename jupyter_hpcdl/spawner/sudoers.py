@@ -21,7 +21,7 @@ from ..batchsystems.scheduler import load_scheduler
 
 #: Where sudo looks for a command (Debian's ``secure_path``): the rule names each command by its path there.
 SECURE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: The modules the hub runs with its Python as a user, after ``-s -P -m`` (see ``spawner.USER_PYTHON``).
+#: The modules the hub runs with its Python as a user, after ``-s -P -m`` (see ``userfiles.USER_PYTHON``).
 USER_MODULES = ("jupyter_hpcdl.spawner.envfile", "jupyter_hpcdl.spawner.usertail")
 _PLAIN = re.compile(r"^[A-Za-z0-9_./+-]+$")  # nothing sudoers would read as syntax
 
