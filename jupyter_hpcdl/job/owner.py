@@ -18,11 +18,10 @@ import asyncio
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..containers.kernelspec import KERNEL_ENV, in_container_argv
 from ..containers.spec import check_image_ref
-from ..commands import Result, kill_group, run, run_sync
+from ..commands import Result, end_groups, end_groups_async, run, run_sync, start_group
 from .tasks import TASK_NODE_ENV, TASK_RANK_ENV
 
 if TYPE_CHECKING:
@@ -188,22 +187,11 @@ def _start_step(argv: list[str], log_path: str, env: Mapping[str, str]) -> subpr
     """Start an engine step in a process group of its own, its output appended to ``log_path``; this does not wait
     for it (a fork and an exec), so the event loop may call it."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        return start_group(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def _stopping(steps: list[subprocess.Popen], grace: float) -> Iterator[float]:
-    """Stop engine steps by process group: SIGTERM, and SIGKILL once the step has exited or ``grace`` seconds have
-    passed (whatever of its group is left goes too). Yields how long to sleep between looks, so that the caller
-    sleeps as it can (blocking, or on the loop)."""
-    def running() -> list[subprocess.Popen]:
-        return [step for step in steps if step.poll() is None]
-
-    for sig, patience in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for step in steps:  # a group outlives its leader while a member is left: that pid cannot be reused
-            kill_group(step.pid, sig)
-        deadline = time.monotonic() + patience
-        while running() and time.monotonic() < deadline:
-            yield 0.05
+#: A step's group is signalled after its leader (srun, the tasks' launcher) exited too: what it left still goes.
+SIGNAL_EXITED_STEPS = True
 
 
 class AllocationOwner:
@@ -396,8 +384,7 @@ class AllocationOwner:
         """Stop every engine step (SIGTERM to its process group, SIGKILL after :data:`STOP_GRACE_S` seconds); returns
         how many were running."""
         steps = self._running_steps()
-        for pause in _stopping(steps, STOP_GRACE_S):
-            await asyncio.sleep(pause)
+        await end_groups_async(steps, STOP_GRACE_S, signal_exited=SIGNAL_EXITED_STEPS)
         self._steps = self._running_steps()  # a step started meanwhile stays
         return len(steps)
 
@@ -410,8 +397,7 @@ class AllocationOwner:
                 run_sync(self.sched.cancel_argv(job_id), COMMAND_TIMEOUT_S, self.environ)
             except OSError:
                 pass
-        for pause in _stopping(self._running_steps(), STOP_GRACE_S):
-            time.sleep(pause)
+        end_groups(self._running_steps(), STOP_GRACE_S, signal_exited=SIGNAL_EXITED_STEPS)
         self._steps = self._running_steps()
 
 
