@@ -14,6 +14,7 @@ import tempfile
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..commands import kill_group, start_group
+from .spec import PROOT_MODE
 
 if TYPE_CHECKING:
     import psutil
@@ -31,7 +32,7 @@ class ContainerProcess:
     """A started ``udocker run``; use as a context manager or call :meth:`stop`."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], private_dir: str | None = None,
-                 mode: str = "P1", **popen_kwargs):
+                 mode: str = PROOT_MODE, **popen_kwargs):
         self.argv = list(argv)
         self._private_dir = private_dir
         self.mode = mode  # the fast path's process becomes the command itself: no engine between
