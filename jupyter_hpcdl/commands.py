@@ -170,8 +170,8 @@ async def run(argv: Sequence[str], env: Mapping[str, str] | None = None, input: 
 
 def run_sync(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> Result:
     """:func:`run` for where there is no event loop (``atexit``, a thread of its own)."""
-    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          errors="replace", env=env, start_new_session=True) as proc:
+    with start_group(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                     errors="replace", env=env) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
