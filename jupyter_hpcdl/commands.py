@@ -1,15 +1,26 @@
-"""Running a command with a deadline, the one way the package does it (the hub's scheduler commands, the
-allocation's owner): argv lists only (never a shell), each command in a process group of its own, the whole group
-killed past the deadline (sudo and what it runs, a scheduler client and its children) or when the caller is
-cancelled, and :class:`CommandTimeout` naming the command."""
+"""Running a command with a deadline, and starting and ending process groups, the one way the package does both.
+
+Commands (the hub's scheduler commands, the allocation's owner): argv lists only (never a shell), each command in a
+process group of its own, the whole group killed past the deadline (sudo and what it runs, a scheduler client and its
+children) or when the caller is cancelled, and :class:`CommandTimeout` naming the command.
+
+Process groups (engine steps, ranks, tasks): :func:`start_group` starts one, :func:`end_groups` (or
+:func:`ending_groups`, for a caller that sleeps on its own loop) ends them: SIGTERM, a grace, SIGKILL, a last wait,
+and a :class:`GroupsEnded` saying which needed SIGKILL and which are still running.
+
+asyncio is imported only by the coroutines: a container's start (:mod:`jupyter_hpcdl.containers.runner`) imports
+this module and pays for every import."""
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Generator, Mapping, Sequence
+
+#: How long the processes of ended groups have to go once SIGKILL was sent.
+KILL_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -45,17 +56,100 @@ def timed_out(argv: Sequence[str], timeout: float) -> CommandTimeout:
     return CommandTimeout(f"{command_name(argv)} did not answer in {timeout:g} s")
 
 
-def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
-    """``sig`` to the process group ``pid`` leads; nothing if it is gone."""
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> bool:
+    """``sig`` to the process group ``pid`` leads; whether it reached a member (False: the group is gone)."""
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:
-        pass
+        return False
+    return True
+
+
+def start_group(argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen:
+    """Start ``argv`` in a session and process group of its own (its pid is the group's id), so that
+    :func:`end_groups` reaches everything it starts that stays in the group."""
+    return subprocess.Popen(list(argv), start_new_session=True, **popen_kwargs)
+
+
+@dataclass(frozen=True)
+class GroupEnd:
+    """How one process group was ended: the signals that reached a member of it, and whether its leader (the
+    process started) was still running at the end."""
+
+    pid: int
+    signals: tuple[int, ...]
+    running: bool
+
+    @property
+    def killed(self) -> bool:
+        """SIGKILL reached the group: something in it outlasted the grace (or its leader had already exited)."""
+        return signal.SIGKILL in self.signals
+
+
+@dataclass(frozen=True)
+class GroupsEnded:
+    """What :func:`end_groups` did, group by group."""
+
+    groups: tuple[GroupEnd, ...]
+
+    @property
+    def killed(self) -> tuple[int, ...]:
+        """The groups (by leader pid) that SIGKILL reached."""
+        return tuple(g.pid for g in self.groups if g.killed)
+
+    @property
+    def running(self) -> tuple[int, ...]:
+        """The leaders still running after the last wait (unkillable for now: a hung file system)."""
+        return tuple(g.pid for g in self.groups if g.running)
+
+
+def ending_groups(procs: Sequence[subprocess.Popen], grace: float, kill_wait: float = KILL_WAIT_S,
+                  signal_exited: bool = False) -> Generator[float, None, GroupsEnded]:
+    """End the process groups that ``procs`` lead: SIGTERM to each, SIGKILL once every leader has exited or
+    ``grace`` seconds have passed, then up to ``kill_wait`` seconds for the leaders to go (each is reaped). Yields
+    how long to sleep between looks, so that the caller sleeps as it can (blocking, or on an event loop); returns
+    what was done. ``signal_exited``: signal a group whose leader has already exited too (whatever of it is left
+    goes; a group's id is not reused while a member is left), not only those whose leader still runs."""
+    reached: dict[int, list[int]] = {proc.pid: [] for proc in procs}
+    for sig, patience in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_wait)):
+        for proc in procs:
+            if (signal_exited or proc.poll() is None) and kill_group(proc.pid, sig):
+                reached[proc.pid].append(sig)
+        deadline = time.monotonic() + patience
+        while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
+            yield 0.05
+    return GroupsEnded(tuple(GroupEnd(proc.pid, tuple(reached[proc.pid]), proc.poll() is None) for proc in procs))
+
+
+def end_groups(procs: Sequence[subprocess.Popen], grace: float, kill_wait: float = KILL_WAIT_S,
+               signal_exited: bool = False) -> GroupsEnded:
+    """:func:`ending_groups`, sleeping here until it is done."""
+    steps = ending_groups(procs, grace, kill_wait, signal_exited)
+    while True:
+        try:
+            time.sleep(next(steps))
+        except StopIteration as done:
+            return done.value
+
+
+async def end_groups_async(procs: Sequence[subprocess.Popen], grace: float, kill_wait: float = KILL_WAIT_S,
+                           signal_exited: bool = False) -> GroupsEnded:
+    """:func:`ending_groups`, sleeping on the event loop."""
+    import asyncio
+
+    steps = ending_groups(procs, grace, kill_wait, signal_exited)
+    while True:
+        try:
+            await asyncio.sleep(next(steps))
+        except StopIteration as done:
+            return done.value
 
 
 async def run(argv: Sequence[str], env: Mapping[str, str] | None = None, input: str | None = None,
               timeout: float = 60) -> Result:
     """Run ``argv`` to its end on the event loop and take its output."""
+    import asyncio
+
     proc = await asyncio.create_subprocess_exec(
         *argv, env=dict(env) if env is not None else None,
         stdin=asyncio.subprocess.PIPE if input else asyncio.subprocess.DEVNULL,
@@ -76,8 +170,8 @@ async def run(argv: Sequence[str], env: Mapping[str, str] | None = None, input: 
 
 def run_sync(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> Result:
     """:func:`run` for where there is no event loop (``atexit``, a thread of its own)."""
-    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          errors="replace", env=env, start_new_session=True) as proc:
+    with start_group(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                     errors="replace", env=env) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jupyter_hpcdl.job.owner import AllocationOwner, handle
+from jupyter_hpcdl.job.allocation import AllocationOwner
+from jupyter_hpcdl.job.ownerapi import handle
 from jupyter_hpcdl.training.batchrun import ENDED, BatchRun, runs, state_from_exit
 from jupyter_hpcdl.job.newjob import NewAllocation, batch_run_script
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine

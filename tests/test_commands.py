@@ -1,12 +1,18 @@
 """The one way the package runs a command with a deadline (jupyter_hpcdl.commands): the output, the exit status,
-and past the deadline (or when the caller is cancelled) the whole process group killed and the command named."""
+and past the deadline (or when the caller is cancelled) the whole process group killed and the command named; and
+the one way it ends a process group: SIGTERM, the grace, SIGKILL, and a result saying which needed it."""
 import asyncio
 import os
+import signal
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 
-from jupyter_hpcdl.commands import CommandTimeout, command_name, run, run_sync
+from jupyter_hpcdl.commands import (CommandTimeout, command_name, end_groups, end_groups_async, run, run_sync,
+                                    start_group)
 
 
 def _alive(pid: int) -> bool:
@@ -57,3 +63,73 @@ def test_past_the_deadline_the_whole_group_is_killed_and_the_command_named(tmp_p
 def test_the_name_is_the_program_even_behind_sudo():
     assert command_name(["sudo", "-n", "-u", "alice", "--", "squeue", "-h"]) == "squeue"
     assert command_name(["/usr/bin/sbatch", "--parsable", "job"]) == "/usr/bin/sbatch"
+
+
+def _group_left(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` still running (a zombie waiting for its parent is gone)."""
+    left = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return left
+
+
+def _wait_gone(pgid: int, timeout: float = 5) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while _group_left(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _group_left(pgid)
+
+
+def _stubborn_group(tmp_path) -> subprocess.Popen:
+    """A group whose leader and its child ignore SIGTERM (an ignored signal stays ignored across fork and exec)."""
+    ready = tmp_path / "ready"
+    proc = start_group(["sh", "-c", f"trap '' TERM; sleep 300 & touch {ready}; wait"])
+    deadline = time.monotonic() + 10
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return proc
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_group_that_ignores_sigterm_is_killed_after_the_grace_and_nothing_is_left(tmp_path, how):
+    proc = _stubborn_group(tmp_path)
+    assert os.getpgid(proc.pid) == proc.pid and len(_group_left(proc.pid)) == 2, "a group of its own, and a child"
+    began = time.monotonic()
+    if how == "sync":
+        ended = end_groups([proc], 0.5)
+    else:
+        ended = asyncio.run(end_groups_async([proc], 0.5))
+    assert 0.5 <= time.monotonic() - began < 5, "SIGKILL once the grace is over, not before"
+    assert ended.killed == (proc.pid,) and ended.running == ()
+    assert ended.groups[0].signals == (signal.SIGTERM, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL, "the leader was reaped"
+    assert _wait_gone(proc.pid) == [], "nothing of the group is left"
+
+
+def test_a_group_that_ends_on_sigterm_is_not_killed_and_one_already_ended_is_not_signalled(tmp_path):
+    polite = start_group(["sleep", "300"])
+    done = start_group(["true"])
+    done.wait()
+    began = time.monotonic()
+    ended = end_groups([polite, done], 30)
+    assert time.monotonic() - began < 5, "no wait for the grace once every leader is gone"
+    assert ended.killed == () and ended.running == ()
+    assert [g.signals for g in ended.groups] == [(signal.SIGTERM,), ()]
+    assert polite.returncode == -signal.SIGTERM
+
+
+def test_signal_exited_reaches_what_a_leader_that_exited_left_in_its_group(tmp_path):
+    pidfile = tmp_path / "child"
+    code = (f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open({str(pidfile)!r}, 'w'); "
+            "time.sleep(300)")
+    leader = start_group(["sh", "-c", f'{sys.executable} -c "{code}" & wait'])  # the leader ends on SIGTERM
+    deadline = time.monotonic() + 10
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    ended = end_groups([leader], 30, signal_exited=True)
+    assert ended.killed == (leader.pid,), "SIGKILL to the group at once: its leader had exited"
+    assert _wait_gone(leader.pid) == []

@@ -18,9 +18,11 @@ import pandas as pd
 import psutil
 import pytest
 
-from jupyter_hpcdl.job import owner as owner_module
+from jupyter_hpcdl.job import allocation as allocation_module
 from jupyter_hpcdl.commands import run_sync
-from jupyter_hpcdl.job.owner import MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner, handle, request, session_report
+from jupyter_hpcdl.job.allocation import MAX_SESSIONS, SESSION_KEEP_S, AllocationOwner
+from jupyter_hpcdl.job.owner import request
+from jupyter_hpcdl.job.ownerapi import handle, session_report
 from jupyter_hpcdl.batchsystems.slurm import parse_time_left
 from jupyter_hpcdl.jobvalues import gres_count
 from jupyter_hpcdl.dashboard.series import (batches_per_epoch, epoch_progress, parse_rank_counts, rank_series,
@@ -284,7 +286,7 @@ def test_the_client_says_what_hung_or_failed(fake_slurm, tmp_path):
 
 @pytest.mark.timing
 def test_a_hung_command_is_killed_and_named(fake_slurm, tmp_path, monkeypatch):
-    monkeypatch.setattr(owner_module, "COMMAND_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(allocation_module, "COMMAND_TIMEOUT_S", 0.5)
     owner = AllocationOwner({**fake_slurm, "FAKE_SBATCH_SECONDS": "30"})
     began = time.monotonic()
     assert ask(owner, "POST", "/jobs", {"batch_file": str(tmp_path / "job.sbatch")}) == (
@@ -301,7 +303,7 @@ def test_a_hung_command_is_killed_and_named(fake_slurm, tmp_path, monkeypatch):
 @pytest.mark.timing
 @pytest.mark.timeout(60)
 def test_engine_steps_stop_by_process_group_on_the_loop_and_at_exit(fake_slurm, tmp_path, monkeypatch):
-    monkeypatch.setattr(owner_module, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(allocation_module, "STOP_GRACE_S", 0.5)
     owner = AllocationOwner({**fake_slurm, "FAKE_SRUN_STUBBORN": "1"})  # steps that ignore SIGTERM
     engines = {"ranks": 2, "image": "hpcdl/base:latest", "connection_file": str(tmp_path / "engine.json")}
     pids = tmp_path / "bin" / "srun.pids"

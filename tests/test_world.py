@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from jupyter_hpcdl.job.owner import AllocationOwner, check_ranks_fit, engines_argv, handle
+from jupyter_hpcdl.job.allocation import AllocationOwner
+from jupyter_hpcdl.job.owner import check_ranks_fit, engines_argv
+from jupyter_hpcdl.job.ownerapi import handle
 from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.batchsystems.slurm import Slurm, expand_tasks_per_node, slurm_hosts
 from jupyter_hpcdl.job.tasks import gpu_share, spread

@@ -21,7 +21,7 @@ from typing import Mapping
 from ..atomic import write_json
 from .errors import ModeNotSupported
 from .runner import ContainerProcess, start_prepared
-from .spec import FAST_MODE, FAST_PATH_CHOICES
+from .spec import FAST_MODE, FAST_PATH_CHOICES, PROOT_MODE
 
 NSEXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nsexec.py")
 START_TIMEOUT = 30.0  # seconds for the launcher to reach the command's execve
@@ -131,7 +131,7 @@ def known(choice: str, udocker_dir: str) -> Decision | None:
     if choice not in FAST_PATH_CHOICES:
         raise ModeNotSupported(f"fast_path must be one of {', '.join(FAST_PATH_CHOICES)}, not {choice!r}")
     if choice == "off":
-        return Decision("P1", "the site turned the fast path off")
+        return Decision(PROOT_MODE, "the site turned the fast path off")
     return read_cached(cache_file(udocker_dir), cache_key())
 
 
@@ -142,7 +142,7 @@ def decide(choice: str, root: str, udocker_dir: str, env: Mapping[str, str], pro
     decision = known(choice, udocker_dir)
     if decision is None:
         ok, why = prober(root, env)
-        decision = Decision(FAST_MODE if ok else "P1", why, cache_key(), time.time())
+        decision = Decision(FAST_MODE if ok else PROOT_MODE, why, cache_key(), time.time())
         write_cached(cache_file(udocker_dir), decision)
     if choice == FAST_MODE and decision.mode != FAST_MODE:
         raise ModeNotSupported(f"the site asks for the fast path, but it does not run on this node: "
@@ -153,6 +153,6 @@ def decide(choice: str, root: str, udocker_dir: str, env: Mapping[str, str], pro
 def record_failure(udocker_dir: str, why: str) -> Decision:
     """The fast path failed on this node after the probe passed: P1 from now on (until the kernel or the launcher
     changes)."""
-    decision = Decision("P1", f"the fast path failed here: {why}", cache_key(), time.time())
+    decision = Decision(PROOT_MODE, f"the fast path failed here: {why}", cache_key(), time.time())
     write_cached(cache_file(udocker_dir), decision)
     return decision

@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 SITE_CONFIG_ENV = "HPCDL_SITE_CONFIG"
 DEFAULT_SITE_CONFIG = "/etc/jupyter-hpcdl/site.json"
+#: Inside every container: the execution mode it runs in (named here, where the front door needs it too).
+MODE_ENV = "HPCDL_CONTAINER_MODE"
 #: The container code a remembered start was resolved by (a new installation changes their stamps).
 SOURCES = ("nsexec.py", "spec.py", "udocker.py", "fastpath.py", "site.py", "runner.py", "quickstart.py")
 #: Who runs, as the full path names them (getpass's variables, then the home).
@@ -161,7 +163,7 @@ def plan_for(base: dict, names: list[str], prefixes: list[str], command: list[st
     """``base`` for this call: the caller's terminal, the variables named (and those with the prefixes) with their
     values from ``environ``, the command, the working directory; as the full path builds it."""
     env = dict(base["env"])
-    mode = {k: env.pop(k) for k in ("HPCDL_CONTAINER_MODE",) if k in env}  # set last, as the full path does
+    mode = {k: env.pop(k) for k in (MODE_ENV,) if k in env}  # set last, as the full path does
     if "TERM" in environ:
         env["TERM"] = environ["TERM"]
     chosen = [*names, *sorted(n for n in environ if _valid_name(n) and any(n.startswith(p) for p in prefixes))]

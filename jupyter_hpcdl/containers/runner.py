@@ -2,7 +2,8 @@
 
 udocker starts the engine (proot) and exits or waits; killing the udocker process alone leaves the container's
 processes running. So the command starts in a session and process group of its own, and :meth:`stop` signals the
-group and every descendant that left it, then waits, then kills what is left."""
+group and every descendant that left it (an engine's processes leave the group, so the end of a group alone,
+:func:`jupyter_hpcdl.commands.end_groups`, would miss them), then waits, then kills what is left."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,9 @@ import signal
 import subprocess
 import tempfile
 from typing import TYPE_CHECKING, Mapping, Sequence
+
+from ..commands import kill_group, start_group
+from .spec import PROOT_MODE
 
 if TYPE_CHECKING:
     import psutil
@@ -28,11 +32,11 @@ class ContainerProcess:
     """A started ``udocker run``; use as a context manager or call :meth:`stop`."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], private_dir: str | None = None,
-                 mode: str = "P1", **popen_kwargs):
+                 mode: str = PROOT_MODE, **popen_kwargs):
         self.argv = list(argv)
         self._private_dir = private_dir
         self.mode = mode  # the fast path's process becomes the command itself: no engine between
-        self.popen = subprocess.Popen(self.argv, env=dict(env), start_new_session=True, **popen_kwargs)
+        self.popen = start_group(self.argv, env=dict(env), **popen_kwargs)
 
     @property
     def pid(self) -> int:
@@ -64,8 +68,8 @@ class ContainerProcess:
     def _signal(self, procs: list[psutil.Process], sig: int) -> None:
         psutil = _psutil()
         try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
+            kill_group(self.pid, sig)
+        except PermissionError:
             pass
         for p in procs:
             try:

@@ -11,7 +11,7 @@ from traitlets.config import Configurable
 from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
 
 from .quickstart import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV  # noqa: F401 (the site's file, named once)
-from .spec import DEFAULT_MODES, FAST_PATH_CHOICES, MODE_NOTES, SitePolicy, UdockerInstall
+from .spec import DEFAULT_MODES, FAST_PATH_CHOICES, MODE_NOTES, PROOT_MODE, SitePolicy, UdockerInstall
 from .udocker import Udocker
 
 
@@ -26,7 +26,7 @@ class ContainerSite(Configurable):
              "None lets udocker use the user's own ~/.udocker/bin.",
     ).tag(config=True)
     udocker_dir = Unicode("~/.udocker", help="Each user's udocker repository (images, containers).").tag(config=True)
-    execution_mode = Unicode("P1", help="Execution mode of new containers.").tag(config=True)
+    execution_mode = Unicode(PROOT_MODE, help="Execution mode of new containers.").tag(config=True)
     allowed_modes = List(Unicode(), list(DEFAULT_MODES), help="Execution modes that work on this site.").tag(config=True)
     allowed_mounts = List(
         Unicode(), ["~", "/tmp"], help="Host directories under which users may bind-mount paths ('~' is their home)."
@@ -36,8 +36,8 @@ class ContainerSite(Configurable):
     ).tag(config=True)
     registry = Unicode(None, allow_none=True, help="The site's image registry URL, e.g. http://127.0.0.1:5000").tag(config=True)
     fast_path = Unicode(
-        "auto", help="Containers without ptrace where the node allows unprivileged user namespaces: 'auto' (probe "
-                     "each node once, P1 where it fails), 'userns' (always: an error where it can't run), 'off' (P1).",
+        "auto", help="Containers without ptrace where the node allows unprivileged user namespaces: "
+                     + ", ".join(f"'{choice}' ({gives})" for choice, gives in FAST_PATH_CHOICES.items()) + ".",
     ).tag(config=True)
     allow_root = Bool(False, help="Pass --allow-root to udocker (test beds that run as root).").tag(config=True)
 

@@ -23,12 +23,17 @@ MODE_NOTES: dict[str, str] = {
     "R3": "runc with proot: exit codes and stderr are lost without a terminal",
     "S1": "singularity/apptainer: not installed",
 }
-DEFAULT_MODES: tuple[str, ...] = ("P1", "P2")
-#: The fast path (no ptrace: an unprivileged user namespace on the container udocker prepared; see nsexec.py) and
-#: what a site may say about it: "auto" (probe each node, P1 where it fails), "userns" (always; fail if it can't),
-#: "off" (never).
+#: udocker's proot mode: new containers' default, and the mode wherever the fast path is off or fails.
+PROOT_MODE = "P1"
+DEFAULT_MODES: tuple[str, ...] = (PROOT_MODE, "P2")
+#: The fast path's mode (no ptrace: an unprivileged user namespace on the container udocker prepared; see nsexec.py).
 FAST_MODE = "userns"
-FAST_PATH_CHOICES: tuple[str, ...] = ("auto", "userns", "off")
+#: A site's ``fast_path`` setting and the execution mode it gives a node's containers (the one map of both).
+FAST_PATH_CHOICES: dict[str, str] = {
+    "auto": f"probe each node once, {PROOT_MODE} where it fails",
+    FAST_MODE: "always: an error where it can't run",
+    "off": PROOT_MODE,
+}
 #: Host paths every udocker run binds by default (udocker's sysdirs), bound by the fast path too where they exist.
 SYSTEM_DIRS: tuple[str, ...] = ("/dev", "/proc", "/sys", "/etc/resolv.conf", "/etc/host.conf", "/lib/modules")
 #: udocker's PATH for images that set none.
@@ -54,7 +59,7 @@ class UdockerInstall:
     udocker_dir: str = "~/.udocker"
     tools_dir: str | None = None
     allow_root: bool = False
-    default_mode: str = "P1"
+    default_mode: str = PROOT_MODE
 
 
 @dataclass(frozen=True)

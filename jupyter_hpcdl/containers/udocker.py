@@ -18,12 +18,14 @@ from typing import Iterator, Mapping
 from .errors import InvalidSpec, ModeNotSupported, ToolsMissing, UdockerFailed, UnknownImage
 from ..atomic import write_json
 from . import quickstart
+from .quickstart import MODE_ENV
 from .nvidia import OPTIONAL_FILE_ERROR, container_has_driver, host_has_nvidia, repair_driver_links, where_libcuda_points
 from .fastpath import Decision, cache_file, decide, known, launch, record_failure
 from .nsexec import CONTAINER_FAILURE
 from .runner import ContainerProcess, private_env_file
 from .spec import (
     FAST_MODE,
+    PROOT_MODE,
     RunSpec,
     SitePolicy,
     UdockerInstall,
@@ -42,8 +44,6 @@ from .spec import (
     udocker_base,
     udocker_env,
 )
-
-MODE_ENV = "HPCDL_CONTAINER_MODE"  # inside every container: the mode it runs in
 
 
 class Udocker:
@@ -299,10 +299,11 @@ class Udocker:
                 raise ModeNotSupported(f"the fast path failed to start {spec.command[0]}: {why}")
             if why.startswith(CONTAINER_FAILURE):  # this container's root, not the node: the node keeps the fast path
                 print(f"hpcdl-containers: the fast path cannot run container {spec.container} "
-                      f"({why[len(CONTAINER_FAILURE):]}); running it in P1 instead", file=sys.stderr, flush=True)
+                      f"({why[len(CONTAINER_FAILURE):]}); running it in {PROOT_MODE} instead", file=sys.stderr,
+                      flush=True)
             else:
                 record_failure(self.env()["UDOCKER_DIR"], why)
-                print(f"hpcdl-containers: the fast path failed on this node ({why}); running in P1 instead",
+                print(f"hpcdl-containers: the fast path failed on this node ({why}); running in {PROOT_MODE} instead",
                       file=sys.stderr, flush=True)
         environ = {**self.environ, MODE_ENV: self.install.default_mode}
         spec = replace(spec, env_names=(*spec.env_names, MODE_ENV))

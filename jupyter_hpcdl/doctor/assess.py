@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jupyter_hpcdl.backends import load_backend
+from jupyter_hpcdl.containers.spec import FAST_MODE
 
 from .facts import ImageFacts, NodeFacts
 from .report import FAIL, OK, SKIP, WARN, Finding
@@ -110,7 +111,7 @@ def image(img: ImageFacts, expect: Expected, node: str, registry: str | None) ->
     how = "present" if img.present else "pulled from the registry"
     found = [Finding("image", OK, f"{img.ref}: {how}, starts (container {img.container})", where=node)]
     if img.container_mode:
-        fast = img.container_mode == "userns"
+        fast = img.container_mode == FAST_MODE
         where_runs = "on the fast path (user namespaces, no ptrace)" if fast else f"in {img.container_mode}"
         found.append(Finding("container mode", OK if fast else WARN,
                              f"{img.ref} runs {where_runs}: {img.container_mode_reason}",

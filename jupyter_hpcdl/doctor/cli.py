@@ -8,11 +8,8 @@ import math
 import os
 import pwd
 import secrets
-import shlex
-import subprocess
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, requires
 
 from traitlets.config import Config
@@ -20,31 +17,18 @@ from traitlets.config.loader import PyFileConfigLoader
 
 from jupyter_hpcdl import __version__
 from jupyter_hpcdl.backends import load_backend
+from jupyter_hpcdl.batchsystems.scheduler import JobRequest, load_scheduler
 from jupyter_hpcdl.containers.site import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV, load_site
-from jupyter_hpcdl.spawner.commands import as_user
-from jupyter_hpcdl.batchsystems.scheduler import JobRequest
 from jupyter_hpcdl.spawner.profile import Profile, SiteProfile
-from jupyter_hpcdl.spawner.sudoers import rule_for, user_commands
-from jupyter_hpcdl.batchsystems.scheduler import ENDED, Scheduler, load_scheduler
 
 from .assess import Expected, assess_node
-from .exchange import DEFAULT_PARENT, ExchangeError, collect, prepare, remove, run_as
-from .facts import NodeFacts, ProbeRequest, facts_from_json
-from .probe import check_hub
+from .exchange import DEFAULT_PARENT, ExchangeError, prepare, remove, run_as
+from .facts import ProbeRequest
+from .hubchecks import KEEP_ENV, Target, check_hub_api, check_scheduler, check_sudo_rule
+from .nodejob import run_node_job
 from .report import FAIL, OK, SKIP, Finding, exit_code, render_json, render_text
 
 DEFAULT_EXEC_PREFIX = ["sudo", "-n", "-u", "{username}"]
-JOB_ENV = ("PATH", "HOME", "USER", "LANG")
-KEEP_ENV = ("SLURM_CONF",)  # kept through the exec prefix when the doctor has them
-
-
-@dataclass(frozen=True)
-class Target:
-    """Who the node checks run as, and how the doctor becomes them (an empty prefix: it already is them)."""
-
-    user: str
-    home: str
-    prefix: tuple[str, ...]
 
 
 def load_hub_config(path: str) -> Config:
@@ -70,189 +54,12 @@ def expected(without_stack: frozenset[str] = frozenset()) -> Expected:
     return Expected(hpcdl_version=__version__, pinned=pin, without_stack=without_stack)
 
 
-def _run(argv: list[str], env: dict[str, str], timeout: float, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=env, input=input, capture_output=True, text=True, timeout=timeout)
-
-
-def check_scheduler(sched: Scheduler, target: Target, env: dict, partition: str, timeout: float) -> Finding:
-    argv = [*_become(target, tuple(n for n in KEEP_ENV if n in env)), *sched.availability_argv()]
-    try:
-        r = _run(argv, env, timeout)
-    except FileNotFoundError:
-        return Finding("batch system", FAIL, f"{sched.availability_argv()[0]} ({sched.name}) not found on the hub host",
-                       f"install {sched.name}'s client commands on the hub host and put them on the hub's PATH")
-    except subprocess.TimeoutExpired:
-        return Finding("batch system", FAIL, f"{' '.join(sched.availability_argv()[:1])} did not answer in {timeout:.0f} s",
-                       f"is the {sched.name} controller up and reachable from the hub host (Slurm: scontrol ping)?")
-    if r.returncode:
-        return Finding("batch system", FAIL, f"{sched.availability_argv()[0]} failed (exit {r.returncode}): "
-                       f"{(r.stderr or r.stdout).strip()[-300:]}",
-                       f"check {sched.name}'s configuration on the hub host (Slurm: SLURM_CONF, munge) and that "
-                       f"{target.user} may use it")
-    avail = sched.parse_availability(r.stdout)
-    if partition not in avail:
-        return Finding("batch system", FAIL, f"partition {partition!r} of the site profile is unknown to {sched.name} "
-                       f"(it has: {', '.join(sorted(avail)) or 'none'})", "fix c.SiteProfile.partitions")
-    a = avail[partition]
-    return Finding("batch system", OK, f"{sched.name} answers: partition {partition}: {a.nodes} nodes "
-                   f"({a.idle_nodes} idle), {a.gpus} GPUs ({a.idle_gpus} free)")
-
-
-def check_hub_api(url: str) -> Finding:
-    status, error = check_hub(url, timeout=5)
-    if error:
-        return Finding("hub API", FAIL, f"{url} does not answer on the hub host: {error}",
-                       "start the hub, or fix c.JupyterHub.hub_ip / hub_port / hub_connect_url (or --hub-url)")
-    how = f"HTTP {status}" if status else "TLS, and asks for a client certificate: internal_ssl"
-    return Finding("hub API", OK, f"{url} answers ({how})")
-
-
-def job_script(sched: Scheduler, req: JobRequest, python: str, work: str, home: str) -> str:
-    header = sched.header(req, "hpcdl-doctor", f"{work}/job.out", home)
-    probe = [python, "-m", "jupyter_hpcdl.doctor.probe", f"{work}/request.json"]
-    return "\n".join(["#!/bin/bash", *header, "exec " + " ".join(shlex.quote(a) for a in probe)]) + "\n"
-
-
-def _cancel(sched: Scheduler, target: Target, env: dict, job_id: str) -> None:
-    try:
-        _run([*_become(target), *sched.cancel_argv(job_id)], env, 30)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-
-
-def wait_for_job(sched: Scheduler, env: dict, job_id: str, timeout: float) -> tuple[bool, str, str]:
-    """Poll the queue until ``job_id`` has ended (gone from it, or ENDED) or ``timeout`` passes; return (ended,
-    node, last state). A failed or missing first reading is retried, not taken for the end."""
-    deadline, node, state, seen, misses = time.monotonic() + timeout, "", "not seen yet", False, 0
-    while time.monotonic() < deadline:
-        try:
-            q = _run(sched.queue_argv(), env, 30)
-        except (OSError, subprocess.TimeoutExpired):
-            q = None
-        if q is not None and q.returncode == 0:
-            info = sched.parse_queue(q.stdout).get(job_id)
-            if info is None:
-                misses += 1
-                if seen or misses >= 5:  # gone from the queue (a very short job may never be seen running)
-                    return True, node, state
-            else:
-                seen, state = True, f"{info.state} ({info.reason})" if info.reason else info.state
-                node = info.batch_host or node
-                if info.phase == ENDED:
-                    return True, node, state
-        time.sleep(1)
-    return False, node, state
-
-
-def run_node_job(sched: Scheduler, target: Target, env: dict, probe_req: ProbeRequest, req: JobRequest, python: str,
-                 work: str, timeout: float) -> tuple[NodeFacts | None, list[Finding]]:
-    """Submit the probe, wait for it (at most ``timeout`` s, then cancel it), return its facts. The job never
-    outlives the doctor: any way out of the wait before it ended cancels it."""
-    script = job_script(sched, req, python, work, target.home)
-    names = JOB_ENV + tuple(n for n in KEEP_ENV if n in env)
-    why = ""
-    try:
-        r = _run([*_become(target, names), *sched.submit_argv(names)], env, 60, input=script)
-        job_id = sched.parse_submit(r.stdout) if r.returncode == 0 else None
-        why = (r.stderr or r.stdout).strip()[-300:]
-    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
-        job_id, why = None, str(e)
-    if job_id is None:
-        return None, [Finding("node job", FAIL, f"submitting the doctor's job as {target.user} failed: {why}",
-                              f"check that {target.user} may submit to partition {req.partition} with --gres=gpu:"
-                              f"{req.gpus_per_node}")]
-    ended = False
-    try:
-        ended, node, state = wait_for_job(sched, env, job_id, timeout)
-    finally:
-        if not ended:
-            _cancel(sched, target, env, job_id)
-    if not ended:
-        return None, [Finding("node job", FAIL, f"job {job_id} still {state} after {timeout:.0f} s; cancelled",
-                              f"are the nodes of partition {req.partition} up and free? (sinfo); or give a longer "
-                              "--timeout")]
-    found: dict = {}
-    for _ in range(10):  # a shared file system may show the file a moment later
-        found = run_as(target.user, collect, work)
-        if found["result"] is not None:
-            break
-        time.sleep(0.5)
-    if found["result"] is None:
-        lines = (found["job_out"] or "").strip().splitlines()[-3:]
-        tail = " / ".join(lines) if lines else "no job output"
-        return None, [Finding("shared home", FAIL, f"job {job_id} ran{' on ' + node if node else ''} but its result "
-                              f"never appeared in {work} on the hub host ({tail})",
-                              "home directories (or the doctor's --exchange-dir) must be shared between the hub host "
-                              "and the nodes, at the same path, and writable by the user there; also check that "
-                              f"{python} exists on the nodes", where=node or "node")]
-    try:
-        facts = facts_from_json(found["result"])
-    except (ValueError, TypeError) as e:
-        return None, [Finding("node job", FAIL, f"job {job_id}'s result in {work} is not the probe's: {e}",
-                              "check that the nodes run the same jupyter-hpcdl as the hub host", where=node or "node")]
-    if facts.nonce != probe_req.nonce:
-        return facts, [Finding("shared home", FAIL, f"the result in {work} is not this run's", "run the doctor again",
-                               where=facts.node)]
-    return facts, [Finding("shared home", OK, f"{work} is shared: the node read the request and the hub host reads "
-                           f"the result (job {job_id})", where=facts.node)]
-
-
-def check_sudo_rule(hub_user: str | None, user: str, sched: Scheduler, timeout: float) -> Finding:
-    """Whether the hub's account may run, as ``user``, each command the hub runs as a user (``sudo -l -U``, as
-    root), keeping variables (SETENV), and not a shell, nor anything as root."""
-    if os.geteuid() != 0:
-        return Finding("sudo rule", SKIP, "not checked: only root may list another account's sudo rights")
-    if user == "root":
-        return Finding("sudo rule", SKIP, "not checked: it is checked for a user", "give --user USER")
-    if not hub_user:
-        return Finding("sudo rule", SKIP, "not checked: the hub's account is not known",
-                       "give --hub-user (the account the hub runs as)")
-    try:
-        pwd.getpwnam(hub_user)
-        rule = rule_for(hub_user, [sched.name])
-    except KeyError:
-        return Finding("sudo rule", FAIL, f"there is no account {hub_user!r}", "give the hub's account as --hub-user")
-    except ValueError as e:
-        return Finding("sudo rule", FAIL, str(e), "install the batch system's client where sudo looks for it")
-    fix = f"install the rule of `python -m jupyter_hpcdl.spawner.sudoers --hub-user {hub_user} --scheduler " \
-          f"{sched.name}` in /etc/sudoers.d/ (docs/admin.md)"
-
-    def allowed(runas: str, argv: list[str]) -> bool:
-        r = subprocess.run(["sudo", "-n", "-l", "-U", hub_user, "-u", runas, *argv], capture_output=True, text=True,
-                           timeout=timeout)
-        return r.returncode == 0
-
-    try:
-        missing = [" ".join(argv) for argv in user_commands(rule)
-                   if not allowed(user, argv + (["x"] if argv[0] == rule.python else []))]
-        listing = subprocess.run(["sudo", "-n", "-l", "-U", hub_user], capture_output=True, text=True,
-                                 timeout=timeout).stdout
-        too_much = [what for what, runas, argv in (("a shell as the users", user, ["/bin/sh"]),
-                                                   ("commands as root", "root", [rule.job_commands[0]]))
-                    if allowed(runas, argv)]
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return Finding("sudo rule", FAIL, f"sudo -l did not answer: {e}", "is sudo installed on the hub host?")
-    if missing:
-        return Finding("sudo rule", FAIL, f"{hub_user} may not run as {user}: {'; '.join(missing)}", fix)
-    if "SETENV" not in listing:
-        return Finding("sudo rule", FAIL, f"{hub_user}'s rule does not keep variables (no SETENV): the hub's "
-                       "sudo --preserve-env is refused", fix)
-    if too_much:
-        return Finding("sudo rule", FAIL, f"{hub_user} may run {' and '.join(too_much)}: more than the hub needs",
-                       f"narrow its rule to the one of {fix.removeprefix('install the rule of ')}")
-    return Finding("sudo rule", OK, f"{hub_user} may run what the hub runs as {user}, and not as root")
-
-
 def _hub_user(args: argparse.Namespace) -> str | None:
     """The hub's account: --hub-user, else the owner of the hub's configuration file where that is not root."""
     if args.hub_user or not args.hub_config:
         return args.hub_user
     owner = pwd.getpwuid(os.stat(args.hub_config).st_uid).pw_name
     return None if owner == "root" else owner
-
-
-def _become(target: Target, env_names: tuple[str, ...] = ()) -> list[str]:
-    return as_user(target.prefix, target.user, env_names) if target.prefix else []
 
 
 def _json(req: ProbeRequest) -> str:

@@ -1,4 +1,4 @@
-"""Jupyter server extension: inside a batch job, run the allocation's owner (see owner.py) on a Unix socket in
+"""Jupyter server extension: inside a batch job, run the allocation's owner (see allocation.py) on a Unix socket in
 the user's private job directory, so that kernels (inside containers) can ask it for engines and report their
 training session; serve ``GET <base_url>jupyter-hpcdl/allocation`` (authenticated) to the JupyterLab panel, and
 ``POST <base_url>jupyter-hpcdl/notebooks``, which copies the package's notebooks into the server's root directory
@@ -24,7 +24,9 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_unix_socket
 
 from .material import NOTEBOOKS_DIR, copy_notebooks
-from .owner import SOCKET_ENV, AllocationOwner, default_socket_path, handle
+from .allocation import AllocationOwner
+from .owner import SOCKET_ENV, default_socket_path
+from .ownerapi import handle
 
 #: The descriptor of the socket the job listens on the server's port with (set by the job; the server accepts on it).
 HELD_PORT_ENV = "HPCDL_HELD_PORT_FD"

@@ -46,7 +46,8 @@ def _reap_exited() -> None:
 
 def end_descendants(grace: float, kill_wait: float = 5.0) -> list[str]:
     """SIGTERM to every process below this one, SIGKILL to those still there after ``grace`` seconds; returns a
-    description of each process that had to be killed. Orphans reparented here while it works are included."""
+    description of each process that had to be killed. Orphans reparented here while it works are included.
+    (By descendant, not :func:`jupyter_hpcdl.commands.end_groups`: what the server's tree starts may leave its group.)"""
     deadline = time.monotonic() + grace
     killed: list[str] = []
     signalled: set[int] = set()

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from ..commands import end_groups, start_group
+
 TASK_RANK_ENV, TASK_NODE_ENV = "HPCDL_TASK_RANK", "HPCDL_TASK_NODE"
 #: How long a rank has between its supervisor's SIGTERM and SIGKILL, and how long the launcher waits for its tasks
 #: to end after closing their stdin.
@@ -124,7 +126,7 @@ def _term_with_parent() -> Callable[[], None] | None:
 def supervise(argv: list[str]) -> int:
     """Run ``argv`` until it exits, or until this process's stdin closes or it is told to stop: then end ``argv``'s
     process group (SIGTERM, SIGKILL after the grace). If this process is killed outright, ``argv`` gets SIGTERM."""
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_term_with_parent())
+    proc = start_group(argv, stdin=subprocess.DEVNULL, preexec_fn=_term_with_parent())
     ended = threading.Event()
 
     def watch_stdin() -> None:
@@ -143,20 +145,6 @@ def supervise(argv: list[str]) -> int:
             end_groups([proc], GRACE_S + 20)  # longer than the container runner's own stop (it ends the whole tree)
             break
     return proc.wait()
-
-
-def end_groups(procs: Sequence[subprocess.Popen], grace: float) -> None:
-    """SIGTERM to each process's group, SIGKILL to what is left after ``grace`` seconds."""
-    for sig, patience in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + patience
-        while any(proc.poll() is None for proc in procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
 
 
 def end_tasks(procs: Sequence[subprocess.Popen], grace: float = GRACE_S + 25) -> None:
@@ -226,8 +214,7 @@ def run_tasks(sched, args, command: list[str]) -> int:
                        *command]
                 # its own session: a stop of this launcher's group reaches the tasks through their stdin, not by
                 # killing qrsh (which would leave the remote task running)
-                procs.append(subprocess.Popen(one if alone else sched.task_argv(host, names, one),
-                                              stdin=subprocess.PIPE, start_new_session=True))
+                procs.append(start_group(one if alone else sched.task_argv(host, names, one), stdin=subprocess.PIPE))
                 where.append((rank, host))
                 rank += 1
         while not stop.wait(0.2):

@@ -29,6 +29,7 @@ from typing import Sequence
 
 import psutil
 
+from ..commands import start_group
 from ..containers.kernelspec import kernel_image
 from ..job.owner import SOCKET_ENV, owner_socket, request
 from ..atomic import write_json
@@ -210,8 +211,7 @@ class BatchRun:
         argv = [sys.executable, "-m", "jupyter_hpcdl.job.launch", f"--local={ranks}", f"--time-limit={time_limit_s}",
                 "--label", f"--status-file={directory / 'status.json'}", "--", *command]
         with open(directory / "output.log", "ab") as log:
-            proc = subprocess.Popen(argv, cwd=directory, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = start_group(argv, cwd=directory, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         _LOCAL_PROCS[proc.pid] = proc
         return {"job_id": f"local-{proc.pid}", "pid": proc.pid, "started_at": psutil.Process(proc.pid).create_time()}
 

@@ -23,6 +23,8 @@ import threading
 
 import psutil
 
+from ..commands import start_group
+
 
 def kernel_alive(pid: int, started: float) -> bool:
     """Whether ``pid`` is still the kernel that started at ``started`` (not a reused pid, not a zombie)."""
@@ -94,8 +96,8 @@ def start_reaper(cluster_file: str | None, owner_socket: str | None, session_dir
     if owner_socket:
         argv.append(f"--owner-socket={owner_socket}")
     # stdin=PIPE: the write end stays in this process alone (not inherited by what it starts later)
-    return subprocess.Popen(argv, start_new_session=True, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, close_fds=True)
+    return start_group(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       close_fds=True)
 
 
 def stop_reaper(proc: subprocess.Popen | None, reap: bool = False, timeout: float = 5) -> None:
