@@ -220,7 +220,7 @@ def test_new_allocation_script_is_built_from_checked_values():
 
 
 def test_engines_that_did_not_join_one_world_are_refused():
-    from jupyter_hpcdl.training.session import check_one_world
+    from jupyter_hpcdl.training.joining import check_one_world
 
     check_one_world([{"rank": 1, "size": 2}, {"rank": 0, "size": 2}], 2)
     for world in ([{"rank": 0, "size": 1}, {"rank": 0, "size": 1}], [{"rank": 0, "size": 2}, {"rank": 2, "size": 2}]):
