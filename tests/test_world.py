@@ -148,7 +148,8 @@ def test_the_tasks_that_ended_early_are_read_from_srun_and_from_the_launchers_ow
 
 
 def test_an_engine_that_ended_is_named_with_its_node_and_log_at_once_not_after_the_start_timeout(tmp_path):
-    from jupyter_hpcdl.training.placement import AllocationPlacement, EnginesFailed, PlacementOptions
+    from jupyter_hpcdl.training.placement import EnginesFailed, PlacementOptions
+    from jupyter_hpcdl.training.placement_allocation import AllocationPlacement
 
     log = tmp_path / "engines-0.log"
     log.write_text("an earlier step's line\nsrun: error: node1: task 0: Exited with exit code 1\n")

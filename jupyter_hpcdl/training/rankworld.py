@@ -14,10 +14,16 @@ import ipyparallel as ipp
 from ..job.owner import owner_socket
 from . import rank as rank_side
 from .joining import check_one_world, gloo_envs, mpi_envs
-from .placement import Placement, PlacementOptions, placement_for
+from .placement import LocalPlacement, Placement, PlacementOptions
+from .placement_allocation import AllocationPlacement
+from .placement_new import NewAllocationPlacement
 from .reaper import start_reaper, stop_reaper
 from .results import RankError
 from .watchdog import kill_local_engines
+
+#: The placement of each kind of place (see :data:`.placement.PLACES`).
+PLACEMENTS: dict[str, type[Placement]] = {"local": LocalPlacement, "allocation": AllocationPlacement,
+                                          "new": NewAllocationPlacement}
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,7 @@ class RankWorld:
     def start(self, kind: str, options: PlacementOptions, join: JoinOptions) -> list[dict]:
         """Start the engines where ``kind`` says and join them into one Horovod world; each rank's description.
         A failed start leaves nothing behind: no engines, no controller, no queued job."""
-        self.placement = placement_for(kind, options)
+        self.placement = PLACEMENTS[kind](options)
         try:
             engines = self.placement.start(lambda: self._watch(kind, options.session_dir), self.get)
             self.client = self.placement.client
