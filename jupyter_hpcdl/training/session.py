@@ -15,7 +15,8 @@ checkpoints (:mod:`.checkpoints`), calls, cells and scripts on every rank (:mod:
 owner is told (:mod:`.reporting`), what a call gives back (:mod:`.results`) and scaling experiments
 (:mod:`.experiments`). What each rank does is :mod:`.rank` (and :mod:`.scripts`). The session owns the Gloo
 rendezvous for its whole life. Each fit ends with a check that all ranks hold identical weights: a world that
-silently stopped averaging is an error, never a result."""
+silently stopped averaging is an error, never a result. (Most of this module is the docstrings users read in
+notebooks; each method hands its work to a part.)"""
 from __future__ import annotations
 
 import os
