@@ -168,7 +168,7 @@ class TrainingSession:
     @property
     def alive(self) -> bool:
         """Whether the ranks are up and joined (no rank has died)."""
-        return bool(self.world) and self._rankworld.client is not None and not self.dead_ranks()
+        return self._rankworld.alive
 
     def __enter__(self) -> "TrainingSession":
         self.start()
