@@ -122,10 +122,11 @@ from jupyter_hpcdl.training import TrainingSession
 s = TrainingSession(ranks=2, where="local")
 s.start()
 try:
-    cfg = s._client._config
+    cfg = s._rankworld.client._config
     key = cfg["key"].decode() if isinstance(cfg["key"], bytes) else cfg["key"]
     probe = {"ipp_key": key, "registration": cfg["registration"], "scheme": cfg.get("signature_scheme", "hmac-sha256"),
-             "rendezvous": f"{s._rendezvous.bind}:{s._rendezvous.port}", "rdv_secret": s._rendezvous.secret,
+             "rendezvous": f"{s._rankworld.rendezvous.bind}:{s._rankworld.rendezvous.port}",
+             "rdv_secret": s._rankworld.rendezvous.secret,
              "owner_socket": os.environ.get("HPCDL_ALLOCATION_FILE", ""), "session_dir": s.private_dir}
     path = os.path.expanduser("~/.hpcdl-probe.json")
     fd = os.open(path + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

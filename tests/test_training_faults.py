@@ -184,8 +184,8 @@ def test_stop_and_calls_end_even_when_a_rank_hangs():
 @pytest.mark.ranks
 def test_controller_files_are_private_and_it_listens_on_loopback():
     with TrainingSession(ranks=2) as s:
-        security = Path(s._cluster.profile_dir, "security")
-        mine = list(security.glob(f"*{s._cluster.cluster_id}*.json"))
+        security = Path(s._rankworld.cluster.profile_dir, "security")
+        mine = list(security.glob(f"*{s._rankworld.cluster.cluster_id}*.json"))
         assert mine, list(security.iterdir())
         assert security.stat().st_mode & 0o077 == 0, "the connection files' directory is open to others"
         with_key = [f for f in mine if json.loads(f.read_text()).get("key")]
@@ -243,8 +243,8 @@ import json, sys
 from jupyter_hpcdl.training import TrainingSession
 s = TrainingSession(ranks=2)
 s.start()
-c = s._cluster
-print(json.dumps({"rendezvous": s._rendezvous.port,
+c = s._rankworld.cluster
+print(json.dumps({"rendezvous": s._rankworld.rendezvous.port,
                   "client_file": f"{c.profile_dir}/security/ipcontroller-{c.cluster_id}-client.json"}), flush=True)
 sys.stdin.readline()
 s.close()

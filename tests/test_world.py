@@ -151,7 +151,8 @@ def test_the_tasks_that_ended_early_are_read_from_srun_and_from_the_launchers_ow
 
 
 def test_an_engine_that_ended_is_named_with_its_node_and_log_at_once_not_after_the_start_timeout(tmp_path):
-    from jupyter_hpcdl.training.placement import AllocationPlacement, EnginesFailed, PlacementOptions
+    from jupyter_hpcdl.training.placement import EnginesFailed, PlacementOptions
+    from jupyter_hpcdl.training.placement_allocation import AllocationPlacement
 
     log = tmp_path / "engines-0.log"
     log.write_text("an earlier step's line\nsrun: error: node1: task 0: Exited with exit code 1\n")
@@ -223,7 +224,7 @@ def test_new_allocation_script_is_built_from_checked_values():
 
 
 def test_engines_that_did_not_join_one_world_are_refused():
-    from jupyter_hpcdl.training.session import check_one_world
+    from jupyter_hpcdl.training.joining import check_one_world
 
     check_one_world([{"rank": 1, "size": 2}, {"rank": 0, "size": 2}], 2)
     for world in ([{"rank": 0, "size": 1}, {"rank": 0, "size": 1}], [{"rank": 0, "size": 2}, {"rank": 2, "size": 2}]):

@@ -4,4 +4,5 @@ outlive the notebook (:class:`BatchRun`)."""
 from ..job.newjob import NewAllocation  # noqa: F401
 from .batchrun import BatchRun, runs  # noqa: F401
 from .placement import EnginesFailed  # noqa: F401
-from .session import FitResult, RankError, ScriptFailed, ScriptResult, TrainingSession, WorldDiverged  # noqa: F401
+from .results import FitResult, RankError, ScriptFailed, ScriptResult, WorldDiverged  # noqa: F401
+from .session import TrainingSession  # noqa: F401

@@ -3,12 +3,17 @@ the smallest count and efficiency against ideal scaling, as a table, a CSV and a
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from .session import TrainingSession
+    from .spec import TrainingSpec
 
 MODES = ("strong", "weak")
+
+#: ``new_world(ranks, spec)``: end the session's world and build its model (or ``spec``'s) untrained in a new one of
+#: ``ranks`` ranks; the session's own spec stays as it was.
+NewWorld = Callable[[int, "TrainingSpec | None"], None]
 
 
 def weak_data(data, base: int):
@@ -39,10 +44,10 @@ def scaling_table(rows: list[dict], base: int, mode: str):
     return table
 
 
-def run_scaling(session: "TrainingSession", ranks: list[int], epochs: int = 1, mode: str = "strong",
-                csv: str | None = None, plot: str | None = None, on_step=None, on_metrics=None,
+def run_scaling(session: "TrainingSession", new_world: NewWorld, ranks: list[int], epochs: int = 1,
+                mode: str = "strong", csv: str | None = None, plot: str | None = None, on_step=None, on_metrics=None,
                 restore: bool = True):
-    """See :meth:`TrainingSession.scaling`."""
+    """See :meth:`TrainingSession.scaling`; each rank count's world comes from ``new_world``."""
     if mode not in MODES:
         raise ValueError("mode must be 'strong' or 'weak'")
     if not session.has_model:
@@ -53,7 +58,7 @@ def run_scaling(session: "TrainingSession", ranks: list[int], epochs: int = 1, m
     rows = []
     try:
         for n in ranks:
-            session._new_world(n, spec if mode == "strong" else spec.with_data(weak_data(spec.data, base)))
+            new_world(n, spec if mode == "strong" else spec.with_data(weak_data(spec.data, base)))
             session.fit(epochs=1, on_metrics=on_metrics)  # warm-up: tracing and first-epoch costs stay out
             result = session.fit(epochs=epochs, on_metrics=on_metrics)
             if result.stopped:  # a partial fit measures nothing: the counts done so far stand
@@ -66,7 +71,7 @@ def run_scaling(session: "TrainingSession", ranks: list[int], epochs: int = 1, m
                 on_step(rows[-1])
     finally:
         if restore:  # the model as it was, with its data, on as many ranks as before
-            session._new_world(ranks_before, spec)
+            new_world(ranks_before, spec)
             session.resume(keep)
     table = scaling_table(rows, base, mode)
     if csv:
