@@ -46,25 +46,25 @@ class ScalingPanel(w.VBox):
     def run(self) -> None:
         counts = parse_rank_counts(self.counts.value, self.max_ranks)
         d = self.dashboard
-        session = d._ensure_session()
+        session = d.ensure_session()
         rows = []
         self.progress.max, self.progress.value, self.progress.description = len(counts), 0, f"0/{len(counts)} counts"
 
         def step(row: dict) -> None:
             rows.append(row)
             self.progress.value, self.progress.description = len(rows), f"{len(rows)}/{len(counts)} counts"
-            d._say(f"scaling: {row['ranks']} ranks, {row['throughput']:.0f} samples/s")
+            d.say(f"scaling: {row['ranks']} ranks, {row['throughput']:.0f} samples/s")
 
-        d._fit_range = (1, 1 + self.epochs.value)  # each count: a warm-up epoch and the measured ones
+        d.fit_range = (1, 1 + self.epochs.value)  # each count: a warm-up epoch and the measured ones
         table = session.scaling(counts, epochs=self.epochs.value, mode=self.mode.value, on_step=step,
-                                on_metrics=lambda _t: d._draw())
+                                on_metrics=lambda _t: d.draw())
         self.table_frame = table
         charts.set_scaling(self.figure, self.measured, self.ideal, self.efficiency, table)
         self.table.value = table.to_html(index=False, float_format=lambda v: f"{v:.3g}", classes="hpcdl-scaling-table")
         d.ranks.value = session.ranks
-        d._measure_epoch()
-        d._draw(force=True)
-        d._say(f"scaling done ({self.mode.value}); the model is back as it was, on {session.ranks} ranks")
+        d.measure_epoch()
+        d.draw(force=True)
+        d.say(f"scaling done ({self.mode.value}); the model is back as it was, on {session.ranks} ranks")
         self.export_button.disabled = False
 
     def export(self) -> tuple[str, str]:

@@ -40,7 +40,7 @@ class Dashboard(w.VBox):
         self.last_checkpoint: str | None = None
         self.refresh = refresh
         self.per_epoch = 1
-        self._fit_range = (1, epochs)  # the running fit: its first epoch, and how many
+        self.fit_range = (1, epochs)  # the running fit: its first epoch, and how many
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()
         self.busy_widgets: list[w.DOMWidget] = []  # disabled while an action runs (e.g. the scaling tab's button)
@@ -89,28 +89,28 @@ class Dashboard(w.VBox):
         self.add_class("hpcdl-dashboard")
         self._set_busy(False)
         if session is not None and session.alive and session.has_model:
-            self._measure_epoch()
-            self._draw(force=True)
+            self.measure_epoch()
+            self.draw(force=True)
 
     # -- actions (each in the background thread) --------------------------------------------------------------------
     def train(self) -> None:
-        s = self._ensure_session()
+        s = self.ensure_session()
         if self.ranks.value != s.ranks:
-            self._say(f"rescaling to {self.ranks.value} ranks")
+            self.say(f"rescaling to {self.ranks.value} ranks")
             s.rescale(self.ranks.value)
-            self._measure_epoch()
+            self.measure_epoch()
         if not s.spec.user_compiled:  # a model compiled by the user follows its own optimizer's rate
             taken = s.set_lr(self.lr.value)
             if not all(math.isclose(lr, self.lr.value, rel_tol=1e-6) for lr in taken):
                 raise RuntimeError(f"the ranks did not take the learning rate {self.lr.value}: they have {taken}")
-        self._fit_range = (s.epochs_done + 1, self.epochs.value)
-        self._say(f"training {self.epochs.value} epoch(s) on {s.ranks} ranks")
-        result = s.fit(epochs=self.epochs.value, on_metrics=lambda _t: self._draw())
-        self._draw(force=True, finished=True)
-        self._say(f"{result.stopped}" if result.stopped else
-                  f"done: {result.epochs_done} epochs, loss {result.loss[-1]:.4g}, {result.seconds:.1f} s")
+        self.fit_range = (s.epochs_done + 1, self.epochs.value)
+        self.say(f"training {self.epochs.value} epoch(s) on {s.ranks} ranks")
+        result = s.fit(epochs=self.epochs.value, on_metrics=lambda _t: self.draw())
+        self.draw(force=True, finished=True)
+        self.say(f"{result.stopped}" if result.stopped else
+                 f"done: {result.epochs_done} epochs, loss {result.loss[-1]:.4g}, {result.seconds:.1f} s")
 
-    def _ensure_session(self) -> TrainingSession:
+    def ensure_session(self) -> TrainingSession:
         """The session with its ranks up and the model built: started and set up here the first time (and after
         Close)."""
         if self.session is not None and self.session.has_model and not self.session.world:
@@ -120,11 +120,11 @@ class Dashboard(w.VBox):
             if self.session is None:
                 self.session = TrainingSession(ranks=self.ranks.value, **self.session_options)
             self.session.ranks = self.ranks.value
-            self._say(f"starting {self.ranks.value} ranks")
+            self.say(f"starting {self.ranks.value} ranks")
             self.session.start()
-            self._draw(force=True)
+            self.draw(force=True)
         if not self.session.has_model:
-            self._say("building the model on every rank")
+            self.say("building the model on every rank")
             model_fn, data_fn, loss, metrics = self.problem
             if model_fn is None:
                 raise RuntimeError("this dashboard was given a session without a model: press Close, or give "
@@ -134,10 +134,10 @@ class Dashboard(w.VBox):
             else:
                 self.session.setup(model_fn, data_fn, loss, metrics, lr=self.lr.value,
                                    batch_size=self.batch_size.value, **self.setup_options)
-            self._measure_epoch()
+            self.measure_epoch()
         return self.session
 
-    def _measure_epoch(self) -> None:
+    def measure_epoch(self) -> None:
         """Batches per epoch (of the largest shard) for the progress bar and the charts' step axis."""
         s = self.session
         self.per_epoch = s.batches_per_epoch or 1
@@ -149,7 +149,7 @@ class Dashboard(w.VBox):
     def checkpoint(self) -> None:
         os.makedirs(self.checkpoint_dir, exist_ok=True)
         self.last_checkpoint = self._require_session().checkpoint(os.path.join(self.checkpoint_dir, "latest"))
-        self._say(f"checkpoint written: {self.last_checkpoint}")
+        self.say(f"checkpoint written: {self.last_checkpoint}")
 
     def resume(self) -> None:
         s = self._require_session()
@@ -159,24 +159,24 @@ class Dashboard(w.VBox):
         if s.alive:
             s.resume(path)
         else:
-            self._say(f"starting a new world of {self.ranks.value} ranks from {path}")
+            self.say(f"starting a new world of {self.ranks.value} ranks from {path}")
             s.recover(path, self.ranks.value)
-        self._measure_epoch()
-        self._draw(force=True)
-        self._say(f"resumed from {path}")
+        self.measure_epoch()
+        self.draw(force=True)
+        self.say(f"resumed from {path}")
 
     def rescale(self) -> None:
         self._require_session().rescale(self.ranks.value)
-        self._measure_epoch()
-        self._draw(force=True)
-        self._say(f"now {self.ranks.value} ranks")
+        self.measure_epoch()
+        self.draw(force=True)
+        self.say(f"now {self.ranks.value} ranks")
 
     def stop_ranks(self) -> None:
         """Stop the ranks (the widget stays)."""
         if self.session is not None:
             self.session.close()
-        self._draw(force=True)
-        self._say("ranks stopped")
+        self.draw(force=True)
+        self.say("ranks stopped")
 
     def _require_session(self) -> TrainingSession:
         if self.session is None or not self.session.has_model:
@@ -188,7 +188,7 @@ class Dashboard(w.VBox):
         if name == "Stop":
             if self.session is not None:
                 self.session.stop_training()
-                self._say("stopping after the current batch …")
+                self.say("stopping after the current batch …")
             return
         action = {"Train": self.train, "Checkpoint": self.checkpoint, "Resume": self.resume,
                   "Rescale": self.rescale, "Close": self.stop_ranks}[name]
@@ -212,8 +212,8 @@ class Dashboard(w.VBox):
             action()
         except Exception as e:  # shown in place, with the rank named when a rank failed
             error.value = error_html(f"{type(e).__name__}: {e}")
-            self._say("failed")
-            self._draw(force=True)
+            self.say("failed")
+            self.draw(force=True)
         finally:
             self._set_busy(False)
 
@@ -228,7 +228,8 @@ class Dashboard(w.VBox):
         for widget in (self.ranks, *self.busy_widgets):
             widget.disabled = busy
 
-    def _say(self, text: str) -> None:
+    def say(self, text: str) -> None:
+        """Show ``text`` in the status line."""
         self.status.value = self._status_text(text)
 
     @staticmethod
@@ -237,7 +238,7 @@ class Dashboard(w.VBox):
 
         return f'<span class="hpcdl-status">{html.escape(text)}</span>'
 
-    def _draw(self, force: bool = False, finished: bool = False) -> None:
+    def draw(self, force: bool = False, finished: bool = False) -> None:
         """Redraw charts, progress and rank table from the session's metrics (at most every ``refresh`` s)."""
         now = time.monotonic()
         if (not force and now - self._drawn_at < self.refresh) or self.session is None:
@@ -251,7 +252,7 @@ class Dashboard(w.VBox):
             self.figures[column].layout.display = None if any(w.get("gpus") for w in s.world) else "none"
         for column, fig in self.figures.items():
             charts.set_rank_lines(fig, chart_series(frame, column, self.per_epoch))
-        first, epochs = self._fit_range
+        first, epochs = self.fit_range
         done, total, label = epoch_progress(s.metrics_table.latest(), self.per_epoch, first, epochs)
         with self.progress.hold_sync():
             self.progress.max, self.progress.value = total, total if finished else done
