@@ -63,7 +63,7 @@ fi
 
 # 2. jupyter-hpcdl as a wheel, built the standard way (isolated; hatch-jupyter-builder builds the extension with
 #    jlpm), rebuilt when its sources change.
-src_stamp=$(cd "$repo" && find pyproject.toml README.md jupyter-config jupyter_hpcdl labextension \
+src_stamp=$(cd "$repo" && find pyproject.toml README.md jupyter-config jupyter_hpcdl spawner labextension notebooks examples \
     \( -name node_modules -o -name lib -o -name .yarn -o -name __pycache__ -o -path jupyter_hpcdl/labextension \) -prune \
     -o -type f ! -name '*.tsbuildinfo' -print | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
 wheel=$(ls "$cache"/dist/jupyter_hpcdl-*.whl 2>/dev/null | head -n1 || true)

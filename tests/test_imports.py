@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sources import package_files
+
 PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_hpcdl"
 #: Low to high. A module may import its own package and any package before it; the package's top-level modules
 #: (``atomic``, ``jobvalues``, ``controls``, ``configref``) come first. The hub's side (``spawner``) is below the
@@ -31,7 +33,7 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
 
 def import_graph() -> dict[str, set[str]]:
     """Each module of the package and the modules of the package it imports."""
-    modules = {_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = {_name(p): p for p in package_files(PACKAGE)}
     graph = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())

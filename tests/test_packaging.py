@@ -1,6 +1,7 @@
 """Packaging the Jupyter way: the sdist carries the sources and the built extension, a wheel built from it needs no
 Node, and that wheel installed into an empty environment gives JupyterLab and Jupyter Server the extension, enabled
-and OK. Also the test-bed guard of tests/conftest.py, which must be able to fail a run."""
+and OK; the hub's side (the top-level spawner/ folder) is in the sdist and the wheel, and an editable install
+imports it from the checkout. Also the test-bed guard of tests/conftest.py, which must be able to fail a run."""
 from __future__ import annotations
 
 import json
@@ -56,7 +57,8 @@ def test_sdist_wheel_without_node_installs_into_an_empty_environment(tmp_path):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     for needed in ("labextension/src/index.ts", "labextension/package.json", "labextension/yarn.lock",
-                   "jupyter_hpcdl/labextension/package.json", "jupyter_hpcdl/doctor/cli.py", "pyproject.toml"):
+                   "jupyter_hpcdl/labextension/package.json", "jupyter_hpcdl/doctor/cli.py", "pyproject.toml",
+                   "jupyter_hpcdl/spawner/spawner.py"):  # the top-level spawner/, through its link
         assert needed in names, f"{needed} missing from the sdist"
     assert not any(n.startswith("labextension/node_modules/") for n in names)
 
@@ -69,6 +71,9 @@ def test_sdist_wheel_without_node_installs_into_an_empty_environment(tmp_path):
         files = z.namelist()
         data = f"jupyter_hpcdl-{version}.data/data/"
         ext_pkg = json.loads(z.read(f"{data}{EXT}/package.json"))
+        entry_points = z.read(f"jupyter_hpcdl-{version}.dist-info/entry_points.txt").decode()
+    assert {"jupyter_hpcdl/spawner/__init__.py", "jupyter_hpcdl/spawner/spawner.py"} <= set(files), "no hub side"
+    assert re.search(r"^hpcdl = jupyter_hpcdl\.spawner:HpcdlSpawner$", entry_points, re.M), entry_points
     assert ext_pkg["version"] == version and ext_pkg["name"] == "@jupyter-hpcdl/labextension"
     assert any(f.startswith(f"{data}{EXT}/static/remoteEntry.") for f in files)
     assert f"{data}etc/jupyter/jupyter_server_config.d/jupyter_hpcdl.json" in files
@@ -84,4 +89,11 @@ def test_sdist_wheel_without_node_installs_into_an_empty_environment(tmp_path):
     assert re.search(r"jupyter_hpcdl\.job\.serverext enabled", out) and re.search(r"jupyter_hpcdl\.job\.serverext\s+OK", out), out
     out = _run([env_dir / "bin/python", "-c", "import jupyter_hpcdl; print(jupyter_hpcdl.__version__)"], cwd=tmp_path)
     assert out.strip() == version
+
+    # An editable install of the checkout: the hub's side is imported from the top-level spawner/ folder.
+    _run([env_dir / "bin/python", "-m", "pip", "install", "-q", "--no-deps", "-e", REPO],
+         env=os.environ | {"PIP_NO_INPUT": "1"})
+    out = _run([env_dir / "bin/python", "-c", "import os, jupyter_hpcdl.spawner.usertail as m; "
+                "print(os.path.realpath(m.__file__))"], cwd=tmp_path)
+    assert out.strip() == str(REPO / "spawner" / "usertail.py"), out
     shutil.rmtree(env_dir)

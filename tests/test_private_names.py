@@ -4,6 +4,8 @@ public interfaces (a session's internals are its own). Read from the source, not
 import ast
 from pathlib import Path
 
+from sources import package_files
+
 PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_hpcdl"
 #: The session's own modules: none reads a private attribute of anything but ``self`` or ``cls``.
 #: Private names of the standard library and of other projects that the package uses knowingly, each where it says
@@ -76,7 +78,7 @@ def test_the_check_finds_what_it_looks_for():
 
 def test_no_module_uses_another_modules_private_names():
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in package_files(PACKAGE):
         module = _module(path)
         found += private_uses(path.read_text(), module, path.name == "__init__.py",
                               parts_only=module.rpartition(".")[2] in SESSION_PARTS
@@ -88,7 +90,7 @@ def test_no_module_reads_a_private_attribute_of_anything_but_itself():
     """Across the package, ``x._y`` only on ``self`` or ``cls`` (e.g. the dashboard's scaling panel drives the
     dashboard through its public methods), but for the foreign names above."""
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in package_files(PACKAGE):
         found += [use for use in private_uses(path.read_text(), _module(path), path.name == "__init__.py",
                                               parts_only=True) if use.rpartition(".")[2] not in FOREIGN]
     assert found == []
