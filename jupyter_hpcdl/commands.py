@@ -6,7 +6,8 @@ children) or when the caller is cancelled, and :class:`CommandTimeout` naming th
 
 Process groups (engine steps, ranks, tasks): :func:`start_group` starts one, :func:`end_groups` (or
 :func:`ending_groups`, for a caller that sleeps on its own loop) ends them: SIGTERM, a grace, SIGKILL, a last wait,
-and a :class:`GroupsEnded` saying which needed SIGKILL and which are still running.
+and a :class:`GroupsEnded` saying which needed SIGKILL and which are still running; :func:`end_group_by_id` ends
+a group that is not this process's child, by its id.
 
 asyncio is imported only by the coroutines: a container's start (:mod:`jupyter_hpcdl.containers.runner`) imports
 this module and pays for every import."""
@@ -69,6 +70,35 @@ def start_group(argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen:
     """Start ``argv`` in a session and process group of its own (its pid is the group's id), so that
     :func:`end_groups` reaches everything it starts that stays in the group."""
     return subprocess.Popen(list(argv), start_new_session=True, **popen_kwargs)
+
+
+def end_group_by_id(pgid: int, grace: float = 5.0) -> None:
+    """End a process group that is not this process's child (a session's ipyparallel controller, started with
+    setsid by ipyparallel; a batch run's local ranks seen from a new kernel): SIGTERM to ``pgid``, SIGKILL to what
+    is left after ``grace`` seconds. The members are found by their group id and waited for by psutil."""
+    import psutil
+
+    def members() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if os.getpgid(p.pid) == pgid:
+                    found.append(p)
+            except (ProcessLookupError, psutil.Error):
+                pass
+        return found
+
+    left = members()
+    if not left:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        _, left = psutil.wait_procs(left, timeout=grace)
+        if not left:
+            return
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import psutil
 
-from ..commands import start_group
+from ..commands import end_group_by_id, start_group
 from ..containers.kernelspec import kernel_image
 from ..job.owner import SOCKET_ENV, owner_socket, request
 from ..atomic import write_json
@@ -313,9 +313,7 @@ class BatchRun:
         group is ended after ``grace`` seconds."""
         if self.where == "local":
             if self._local_alive():
-                from .placement import end_process_group
-
-                end_process_group(self._record["pid"], grace)
+                end_group_by_id(self._record["pid"], grace)
             proc = _LOCAL_PROCS.pop(self._record["pid"], None)
             if proc is not None:
                 proc.wait(5)

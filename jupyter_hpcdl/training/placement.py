@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -14,8 +13,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import ipyparallel as ipp
-import psutil
 
+from ..commands import end_group_by_id
 from ..containers.kernelspec import DEFAULT_IMAGE
 from ..job.owner import job_time_left, owner_socket, request
 from ..job.newjob import NewAllocation
@@ -109,7 +108,7 @@ class Placement:
             self.cluster.stop_cluster_sync()
         finally:
             if controller > 0:
-                end_process_group(controller)
+                end_group_by_id(controller)
 
     def shutdown_engines(self, timeout: float = 5.0) -> None:
         """Ask the engines to exit (ipyparallel's shutdown) and wait up to ``timeout`` seconds for them to leave, so
@@ -200,32 +199,6 @@ def container_engine_cmd(image: str, mpi: bool = False, python: str | None = Non
 
     return in_container_argv(image, python or sys.executable, ENGINE_ENV, ["python3", "-m", "ipyparallel.engine"],
                              MPI_IN_CONTAINER if mpi else ())
-
-
-def end_process_group(pgid: int, grace: float = 5.0) -> None:
-    """SIGTERM to the process group ``pgid`` (one this session started as a new session), SIGKILL to what is left
-    after ``grace`` seconds."""
-    def members() -> list[psutil.Process]:
-        found = []
-        for p in psutil.process_iter():
-            try:
-                if os.getpgid(p.pid) == pgid:
-                    found.append(p)
-            except (ProcessLookupError, psutil.Error):
-                pass
-        return found
-
-    left = members()
-    if not left:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        _, left = psutil.wait_procs(left, timeout=grace)
-        if not left:
-            return
 
 
 def _task() -> tuple[int, str]:
