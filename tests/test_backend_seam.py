@@ -6,8 +6,12 @@ import importlib
 import tomllib
 from pathlib import Path
 
-from jupyter_hpcdl.backends import BUILTIN, DEFAULT, GROUP, load_backend
+import pytest
+
+from jupyter_hpcdl import backends
+from jupyter_hpcdl.backends import BACKEND_ENV, BUILTIN, DEFAULT, GROUP, load_backend
 from jupyter_hpcdl.backends.base import Backend
+from sources import package_files
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "jupyter_hpcdl"
@@ -30,7 +34,7 @@ def framework_imports(path: Path, root: Path = ROOT) -> list[str]:
 
 
 def test_only_the_backends_import_a_framework():
-    outside = [hit for p in sorted(PACKAGE.rglob("*.py")) if BACKENDS not in p.parents for hit in framework_imports(p)]
+    outside = [hit for p in package_files(PACKAGE) if BACKENDS not in p.parents for hit in framework_imports(p)]
     assert outside == [], "TensorFlow, Keras and Horovod belong behind jupyter_hpcdl.backends (a backend's package)"
 
 
@@ -70,3 +74,72 @@ def test_an_unknown_backend_is_named():
         assert "no-such-framework" in str(e) and DEFAULT in str(e)
     else:
         raise AssertionError("an unknown backend loaded")
+
+
+class RecordingBackend:
+    """A second backend, as another package would register it: only what these tests reach."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.shards = []
+
+    def load_shard(self, data, rank, size):
+        self.shards.append((data, rank, size))
+        return backends.load_backend("horovod").load_shard(data, rank, size)
+
+
+RECORDING = RecordingBackend()
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    """``recording`` registered beside the built-in backend, as an entry point would register it."""
+    monkeypatch.setitem(BUILTIN, "recording", f"{__name__}:RECORDING")
+    RECORDING.shards.clear()
+    backends._load.cache_clear()
+    yield RECORDING
+    backends._load.cache_clear()
+
+
+def test_a_session_uses_the_backend_it_names_or_the_sites(recording, monkeypatch, tmp_path):
+    from jupyter_hpcdl.training import TrainingSession
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    assert TrainingSession().backend.name == DEFAULT
+    assert TrainingSession(backend="recording").backend is recording
+    monkeypatch.setenv(BACKEND_ENV, "recording")  # the site's choice, e.g. in the job's environment
+    assert TrainingSession().backend is recording and load_backend() is recording
+    assert TrainingSession(backend="horovod").backend.name == "horovod"
+
+
+def test_a_session_with_an_unknown_backend_fails_at_once_saying_what_to_do(monkeypatch, tmp_path):
+    from jupyter_hpcdl.training import TrainingSession
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ValueError) as e:
+        TrainingSession(backend="torch-nope")
+    assert "torch-nope" in str(e.value) and DEFAULT in str(e.value) and BACKEND_ENV in str(e.value)
+    monkeypatch.setenv(BACKEND_ENV, "typo")
+    with pytest.raises(ValueError, match="'typo'"):
+        load_backend()
+
+
+def test_weak_scaling_shards_with_the_sessions_backend_on_the_ranks(recording):
+    import numpy as np
+
+    from jupyter_hpcdl.training.experiments import weak_data
+
+    x, y = np.arange(12.0).reshape(6, 2), np.arange(6)
+    shard = weak_data((x, y), 2, "recording")  # what the ranks call, shipped by value
+    part_x, part_y = shard(3, 4)  # rank 3 of 4 reads what rank 1 of 2 had
+    assert [(r, s) for _, r, s in recording.shards] == [(1, 2)]
+    assert len(part_x) == len(part_y) == 3
+
+
+def test_the_sessions_parts_hold_no_backend_of_their_own():
+    """The session's parts reach the ranks through the world's backend, never one loaded at import."""
+    training = PACKAGE / "training"
+    loading = sorted(p.name for p in training.glob("*.py") if "load_backend(" in p.read_text())
+    assert loading == ["experiments.py", "session.py"], loading

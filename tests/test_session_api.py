@@ -14,7 +14,7 @@ API = {
     "__init__": "(self, ranks=None, iface=None, tf_threads=1, env=None, engine_cmd=None, start_timeout=120, "
                 "where='auto', image=None, controller_ip=None, containers=False, new_allocation=None, world='gloo', "
                 "stall_timeout=60, call_timeout=600, stop_grace=30, walltime_margin=300, "
-                "checkpoint_dir='~/.jupyter-hpcdl/checkpoints')",
+                "checkpoint_dir='~/.jupyter-hpcdl/checkpoints', backend=None)",
     "alive": "property",
     "batch_size": "property",
     "batches_per_epoch": "property",
@@ -51,7 +51,7 @@ API = {
 }
 
 #: What a new session holds (``mode`` comes with ``start()``), with its value where it does not depend on the machine.
-ATTRIBUTES = {"built": [], "call_timeout": 600, "checkpoint_dir": None, "controller_ip": None, "engine_cmd": None,
+ATTRIBUTES = {"backend": None, "built": [], "call_timeout": 600, "checkpoint_dir": None, "controller_ip": None, "engine_cmd": None,
               "env": {"TF_CPP_MIN_LOG_LEVEL": "2", "HPCDL_TF_THREADS": "1"}, "epochs_done": 0, "id": None,
               "iface": None, "image": None, "metrics_table": None, "new_allocation": None, "ranks": None, "spec": None,
               "stall_timeout": 60, "start_timeout": 120, "state": "none", "stop_file": None, "stop_grace": 30,

@@ -7,11 +7,9 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ..backends import load_backend
 from .rankworld import RankWorld
 from .reporting import Reporter
 
-rank_side = load_backend()  # what runs on the ranks: the training backend's functions, shipped by reference
 
 if TYPE_CHECKING:
     from .fitting import ModelState
@@ -26,11 +24,11 @@ class Checkpoints:
 
     def save(self, path: str) -> str:
         """Write the model into the directory ``path``; the directory."""
-        return next(p for p in self.ranks.call(rank_side.save, os.path.expanduser(path)) if p)
+        return next(p for p in self.ranks.call(self.ranks.backend.save, os.path.expanduser(path)) if p)
 
     def resume(self, path: str) -> list[dict]:
         """Every rank continues from the checkpoint in ``path``."""
-        loaded = self.ranks.call(rank_side.load, os.path.expanduser(path))
+        loaded = self.ranks.call(self.ranks.backend.load, os.path.expanduser(path))
         self.model.epochs_done = loaded[0]["epochs_done"]
         return loaded
 

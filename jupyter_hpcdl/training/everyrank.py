@@ -7,13 +7,10 @@ import os
 import time
 from typing import Sequence
 
-from ..backends import load_backend
 from .fitting import CallSettings, Fitting
 from .rankworld import RankWorld
 from .reporting import Reporter
 from .results import ScriptFailed, ScriptResult
-
-rank_side = load_backend()  # what runs on the ranks: the training backend's functions, shipped by reference
 
 
 class EveryRank:
@@ -53,7 +50,7 @@ class EveryRank:
         self.fitting.clear_stop()
         t0 = time.perf_counter()
         self.reporter.report("training")
-        ar = self.ranks.view.apply_async(rank_side.run_script, path, list(args), self.fitting.stop_file)
+        ar = self.ranks.view.apply_async(self.ranks.backend.run_script, path, list(args), self.fitting.stop_file)
         echoed: dict[int, int] = {}
         ranks = self.ranks.ranks
 

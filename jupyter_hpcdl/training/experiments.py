@@ -16,14 +16,14 @@ MODES = ("strong", "weak")
 NewWorld = Callable[[int, "TrainingSpec | None"], None]
 
 
-def weak_data(data, base: int):
+def weak_data(data, base: int, backend: str):
     """Weak scaling: every rank gets as much data as a rank had at ``base`` ranks (the base world's shards repeat
-    as needed), whatever form the data has."""
+    as needed), whatever form the data has, sharded by the training backend named ``backend``."""
 
     def shard(rank: int, size: int):
         from ..backends import load_backend
 
-        part = load_backend().load_shard(data, rank % base, base)
+        part = load_backend(backend).load_shard(data, rank % base, base)
         return part.dataset if part.dataset is not None else (part.x, part.y)
 
     return shard
@@ -58,7 +58,7 @@ def run_scaling(session: "TrainingSession", new_world: NewWorld, ranks: list[int
     rows = []
     try:
         for n in ranks:
-            new_world(n, spec if mode == "strong" else spec.with_data(weak_data(spec.data, base)))
+            new_world(n, spec if mode == "strong" else spec.with_data(weak_data(spec.data, base, session.backend.name)))
             session.fit(epochs=1, on_metrics=on_metrics)  # warm-up: tracing and first-epoch costs stay out
             result = session.fit(epochs=epochs, on_metrics=on_metrics)
             if result.stopped:  # a partial fit measures nothing: the counts done so far stand

@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..backends import load_backend
 from .checkpoints import Checkpoints
 from .metrics import MetricsTable, rank_rows, straggler_ranks
 from .rankworld import RankWorld
@@ -17,8 +16,6 @@ from .results import FitResult, RankError, WorldDiverged
 from .spec import TrainingSpec
 from .walltime import WalltimeWatch
 from .watchdog import local_process_states, stall_message
-
-rank_side = load_backend()  # what runs on the ranks: the training backend's functions, shipped by reference
 
 
 @dataclass(frozen=True)
@@ -64,28 +61,28 @@ class Fitting:
     def build(self, spec: TrainingSpec) -> list[dict]:
         """Build ``spec``'s model on every rank, untrained; each rank's description of it. (Which spec the
         session's model has is the session's to say: a scaling experiment builds others.)"""
-        built = self.ranks.call(rank_side.build, spec)
+        built = self.ranks.call(self.ranks.backend.build, spec)
         self.model.built, self.model.epochs_done = built, 0
         return built
 
     def shard_sizes(self) -> dict[int, int | None]:
-        return {r["rank"]: r["samples"] for r in self.ranks.call(rank_side.shard_size)}
+        return {r["rank"]: r["samples"] for r in self.ranks.call(self.ranks.backend.shard_size)}
 
     def weights_digest(self) -> str:
-        digests = self.ranks.call(rank_side.weights_digest)
+        digests = self.ranks.call(self.ranks.backend.weights_digest)
         if len(set(digests)) != 1:
             raise WorldDiverged(f"ranks hold different weights: {digests}")
         return digests[0]
 
     def set_lr(self, lr: float) -> list[float]:
-        return self.ranks.call(rank_side.set_lr, lr)
+        return self.ranks.call(self.ranks.backend.set_lr, lr)
 
     def fit(self, epochs: int, publish_every: int, on_metrics, poll: float, stop_check_every: int,
             publish_interval: float, settings: CallSettings) -> FitResult:
         self.clear_stop()
         t0 = time.perf_counter()
         self.reporter.report("training")
-        ar = self.ranks.view.apply_async(rank_side.fit, epochs, self.stop_file, publish_every, stop_check_every,
+        ar = self.ranks.view.apply_async(self.ranks.backend.fit, epochs, self.stop_file, publish_every, stop_check_every,
                                          publish_interval)
         drive = self.drive(ar, "fit", on_metrics, poll, stop_check_every, settings)
         results = self.ranks.results(ar, "fit")

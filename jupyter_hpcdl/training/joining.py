@@ -2,23 +2,23 @@
 session's own rendezvous) or the MPI one, as the training backend sets them, and the check that the engines joined one world, not several."""
 from __future__ import annotations
 
-from ..backends import load_backend
+from ..backends import Backend
 from ..job.world import iface_for, plan_slots
 from .placement import Engines
 
 
-def gloo_envs(engines: Engines, ranks: int, iface: str | None = None, timeout_s: float | None = None):
+def gloo_envs(backend: Backend, engines: Engines, ranks: int, iface: str | None = None,
+              timeout_s: float | None = None):
     """Start a rendezvous for this world (bound to the ranks' address, answering only with its secret); it and
     each rank's Gloo environment, in rank order (Gloo waiting up to ``timeout_s`` for the other ranks)."""
-    backend = load_backend()
     rendezvous = backend.start_rendezvous(engines.addr, engines.hosts, ranks)
     iface = iface or iface_for(engines.addr)
     return rendezvous, [backend.rank_env(s, rendezvous.rank_address(engines.addr), rendezvous.port, iface, timeout_s)
                         for s in plan_slots(engines.hosts)]
 
 
-def mpi_envs(engines: Engines) -> list[dict]:
-    return [load_backend().mpi_env()] * len(engines.ids)
+def mpi_envs(backend: Backend, engines: Engines) -> list[dict]:
+    return [backend.mpi_env()] * len(engines.ids)
 
 
 def check_one_world(world: list[dict], ranks: int) -> None:

@@ -12,7 +12,7 @@ from typing import Callable
 import ipyparallel as ipp
 
 from ..job.owner import owner_socket
-from ..backends import load_backend
+from ..backends import Backend
 from .joining import check_one_world, gloo_envs, mpi_envs
 from .placement import LocalPlacement, Placement, PlacementOptions
 from .placement_allocation import AllocationPlacement
@@ -20,8 +20,6 @@ from .placement_new import NewAllocationPlacement
 from .reaper import start_reaper, stop_reaper
 from .results import RankError
 from .watchdog import kill_local_engines
-
-rank_side = load_backend()  # what runs on the ranks: the training backend's functions, shipped by reference
 
 #: The placement of each kind of place (see :data:`.placement.PLACES`).
 PLACEMENTS: dict[str, type[Placement]] = {"local": LocalPlacement, "allocation": AllocationPlacement,
@@ -38,10 +36,13 @@ class JoinOptions:
 
 
 class RankWorld:
-    """The current world: its placement, client, rendezvous and reaper, and each rank's engine. ``call_timeout()``
-    is read at each call; ``on_failed()`` is told before a world that failed is ended."""
+    """The current world: its placement, client, rendezvous and reaper, and each rank's engine. ``backend`` is the
+    session's training backend: its rank-side functions are what the ranks run (shipped by reference), and the
+    session's other parts reach them through :attr:`backend`. ``call_timeout()`` is read at each call;
+    ``on_failed()`` is told before a world that failed is ended."""
 
-    def __init__(self, call_timeout: Callable[[], float], on_failed: Callable[[], None]):
+    def __init__(self, backend: Backend, call_timeout: Callable[[], float], on_failed: Callable[[], None]):
+        self.backend = backend
         self.call_timeout, self.on_failed = call_timeout, on_failed
         self.placement: Placement | None = None
         self.client: ipp.Client | None = None
@@ -73,11 +74,12 @@ class RankWorld:
             self.client = self.placement.client
             if join.kind == "gloo":
                 # joining has the start's deadline, not Gloo's own 30 s (imports on a loaded node take longer)
-                self.rendezvous, envs = gloo_envs(engines, options.ranks, join.iface, options.start_timeout)
+                self.rendezvous, envs = gloo_envs(self.backend, engines, options.ranks, join.iface,
+                                                  options.start_timeout)
             else:
-                envs = mpi_envs(engines)
+                envs = mpi_envs(self.backend, engines)
             # every engine joins at once (hvd.init waits for all ranks)
-            results = [self.client[e].apply_async(rank_side.join, {**join.env, **env})
+            results = [self.client[e].apply_async(self.backend.join, {**join.env, **env})
                        for e, env in zip(engines.ids, envs)]
             self.world = [self.get(r, f"joining the world (engine {e})", options.start_timeout)
                           for e, r in zip(engines.ids, results)]
@@ -112,7 +114,7 @@ class RankWorld:
                     kill_local_engines(self.world)
                 elif self.world:
                     try:  # a rank that hangs does not hold the end of the world: its engine is stopped below
-                        self.view.apply_async(rank_side.leave).get(timeout=10)
+                        self.view.apply_async(self.backend.leave).get(timeout=10)
                     except Exception:
                         pass
                     if self.placement is not None and self.placement.kind != "local":

@@ -26,6 +26,7 @@ import uuid
 from dataclasses import replace
 from typing import Sequence
 
+from ..backends import load_backend
 from ..containers.kernelspec import kernel_image
 from ..job.newjob import NewAllocation, rank_job
 from ..job.owner import owner_socket
@@ -71,7 +72,7 @@ class TrainingSession:
                  image: str | None = None, controller_ip: str | None = None, containers: bool = False,
                  new_allocation: NewAllocation | None = None, world: str = "gloo", stall_timeout: float = 60,
                  call_timeout: float = 600, stop_grace: float = 30, walltime_margin: float = DEFAULT_MARGIN,
-                 checkpoint_dir: str = "~/.jupyter-hpcdl/checkpoints"):
+                 checkpoint_dir: str = "~/.jupyter-hpcdl/checkpoints", backend: str | None = None):
         """``ranks``: how many; by default one per task slot of the job this kernel runs in (one per GPU where the
         job has GPUs: what the server's form asked for), and two elsewhere (``where="local"`` or "new").
         ``where``: "local" (engines on this machine), "allocation" (one engine per rank across the nodes of the
@@ -91,7 +92,10 @@ class TrainingSession:
         In a batch job (the ranks' own with ``where="new"``, the kernel's with "allocation"), a fit stops
         ``walltime_margin`` seconds before the walltime ends (the scheduler's time left), checkpoints into
         ``checkpoint_dir`` and says so;
-        :meth:`continue_in_new_allocation` then goes on in a new job from that checkpoint."""
+        :meth:`continue_in_new_allocation` then goes on in a new job from that checkpoint.
+
+        ``backend``: the training backend the ranks use (``jupyter_hpcdl.backends``; by default the one the site names
+        in ``HPCDL_BACKEND``, else "horovod": TensorFlow/Keras with Horovod)."""
         if where not in ("auto", *PLACES):
             raise ValueError("where must be 'auto', 'local', 'allocation' or 'new'")
         if world not in ("gloo", "mpi"):
@@ -117,7 +121,8 @@ class TrainingSession:
         self._dir = tempfile.mkdtemp(prefix="hpcdl-session-", dir=os.path.expanduser("~"))
         self.id = uuid.uuid4().hex
         self._reporter = Reporter(self.id, self.rank_table)
-        self._rankworld = RankWorld(lambda: self.call_timeout, lambda: self._reporter.report("failed"))
+        self.backend = load_backend(backend)  # an unknown name fails here, saying which are installed
+        self._rankworld = RankWorld(self.backend, lambda: self.call_timeout, lambda: self._reporter.report("failed"))
         self._model = ModelState()
         self._checkpoints = Checkpoints(self._rankworld, self._model, self._reporter, self.id)
         self._fitting = Fitting(self._rankworld, self._model, self._reporter, self._checkpoints,
