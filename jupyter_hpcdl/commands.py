@@ -7,7 +7,7 @@ children) or when the caller is cancelled, and :class:`CommandTimeout` naming th
 Process groups (engine steps, ranks, tasks): :func:`start_group` starts one, :func:`end_groups` (or
 :func:`ending_groups`, for a caller that sleeps on its own loop) ends them: SIGTERM, a grace, SIGKILL, a last wait,
 and a :class:`GroupsEnded` saying which needed SIGKILL and which are still running; :func:`end_group_by_id` ends
-a group that is not this process's child, by its id.
+a group known by its id alone (its ``Popen`` gone, or never this process's).
 
 asyncio is imported only by the coroutines: a container's start (:mod:`jupyter_hpcdl.containers.runner`) imports
 this module and pays for every import."""
@@ -73,9 +73,10 @@ def start_group(argv: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen:
 
 
 def end_group_by_id(pgid: int, grace: float = 5.0) -> None:
-    """End a process group that is not this process's child (a session's ipyparallel controller, started with
-    setsid by ipyparallel; a batch run's local ranks seen from a new kernel): SIGTERM to ``pgid``, SIGKILL to what
-    is left after ``grace`` seconds. The members are found by their group id and waited for by psutil."""
+    """End a process group by its id alone, its leader this process's child or not (a session's ipyparallel
+    controller, started with setsid by ipyparallel; a batch run's local ranks, seen from the kernel that started
+    them or a later one): SIGTERM to ``pgid``, SIGKILL to what is left after ``grace`` seconds. The members are
+    found by their group id and waited for by psutil; a leader that is a child is left for its owner to reap."""
     import psutil
 
     def members() -> list[psutil.Process]:

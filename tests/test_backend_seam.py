@@ -3,6 +3,7 @@ TensorFlow, Keras or Horovod, and the registered backend gives all that the inte
 imports a framework."""
 import ast
 import importlib
+import re
 import tomllib
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def test_the_default_backend_is_registered_in_pyproject_as_it_is_built_in():
 
 
 def test_the_default_backend_gives_every_member_of_the_interface():
-    backend = load_backend()
+    backend = load_backend(DEFAULT)
     members = [n for n in dir(Backend) if not n.startswith("_")] + list(Backend.__annotations__)
     assert backend.name == DEFAULT
     assert [m for m in members if not hasattr(backend, m)] == []
@@ -59,7 +60,7 @@ def test_the_default_backend_gives_every_member_of_the_interface():
 
 def test_rank_functions_are_found_by_module_path_on_the_ranks():
     """ipyparallel ships them by reference: each must be a module-level function of an importable module."""
-    backend = load_backend()
+    backend = load_backend(DEFAULT)
     rank_members = [n for n, t in Backend.__annotations__.items() if str(t).startswith("Callable")]
     assert rank_members
     for name in rank_members:
@@ -121,9 +122,16 @@ def test_a_session_with_an_unknown_backend_fails_at_once_saying_what_to_do(monke
     with pytest.raises(ValueError) as e:
         TrainingSession(backend="torch-nope")
     assert "torch-nope" in str(e.value) and DEFAULT in str(e.value) and BACKEND_ENV in str(e.value)
+    assert list(tmp_path.iterdir()) == [], "a session that failed to be made left its directory behind"
     monkeypatch.setenv(BACKEND_ENV, "typo")
     with pytest.raises(ValueError, match="'typo'"):
         load_backend()
+
+
+def test_a_backend_registered_under_another_name_is_refused(recording, monkeypatch):
+    monkeypatch.setitem(BUILTIN, "alias", f"{__name__}:RECORDING")
+    with pytest.raises(ValueError, match="registered as 'alias'.*calls itself 'recording'"):
+        load_backend("alias")
 
 
 def test_weak_scaling_shards_with_the_sessions_backend_on_the_ranks(recording):
@@ -138,8 +146,46 @@ def test_weak_scaling_shards_with_the_sessions_backend_on_the_ranks(recording):
     assert len(part_x) == len(part_y) == 3
 
 
+#: A module of one backend's package (not the interface, ``base``, or the neutral helpers beside it, ``gpu``).
+ONE_BACKEND = re.compile(r"(jupyter_hpcdl\.)?backends\.(?!(base|gpu)(\.|$))")
+
+
+def module_level_backends(path: Path) -> list[str]:
+    """What ``path`` does at import that fixes a backend: a call of ``load_backend`` outside functions (in the module
+    or a class body) or an import from one backend's package."""
+    found = []
+
+    def visit(statements) -> None:
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(node, ast.ClassDef):
+                visit(node.body)
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Call) and getattr(sub.func, "id", getattr(sub.func, "attr", "")) == "load_backend":
+                    found.append(f"{path.name}:{sub.lineno}: load_backend() at import")
+                if isinstance(sub, ast.ImportFrom) and ONE_BACKEND.match(sub.module or ""):
+                    found.append(f"{path.name}:{sub.lineno}: from ..{sub.module}")
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def test_the_checker_sees_a_backend_fixed_at_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from ..backends import load_backend\nfrom ..backends.horovod import rank\n"
+                      "from ..backends.base import NpzFile\n"
+                      "side = load_backend()\nclass A:\n    b = backends.load_backend('x')\n"
+                      "def f():\n    return load_backend()\n")
+    assert module_level_backends(module) == ["m.py:2: from ..backends.horovod", "m.py:4: load_backend() at import",
+                                             "m.py:6: load_backend() at import"]
+
+
 def test_the_sessions_parts_hold_no_backend_of_their_own():
-    """The session's parts reach the ranks through the world's backend, never one loaded at import."""
-    training = PACKAGE / "training"
-    loading = sorted(p.name for p in training.glob("*.py") if "load_backend(" in p.read_text())
-    assert loading == ["experiments.py", "session.py"], loading
+    """The session and its parts reach the ranks through the world's backend, never one fixed at import (the
+    digits example's Keras model, ``training/examples.py``, is the one module that names a backend: it is that
+    backend's example)."""
+    found = [hit for p in sorted((PACKAGE / "training").glob("*.py")) if p.name != "examples.py"
+             for hit in module_level_backends(p)]
+    assert found == []

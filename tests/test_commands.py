@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from jupyter_hpcdl.commands import (CommandTimeout, command_name, end_groups, end_groups_async, run, run_sync,
-                                    start_group)
+from jupyter_hpcdl.commands import (CommandTimeout, command_name, end_group_by_id, end_groups, end_groups_async, run,
+                                    run_sync, start_group)
 
 
 def _alive(pid: int) -> bool:
@@ -133,3 +133,23 @@ def test_signal_exited_reaches_what_a_leader_that_exited_left_in_its_group(tmp_p
     ended = end_groups([leader], 30, signal_exited=True)
     assert ended.killed == (leader.pid,), "SIGKILL to the group at once: its leader had exited"
     assert _wait_gone(leader.pid) == []
+
+
+def test_a_group_that_is_not_a_child_is_ended_by_its_id_after_the_grace(tmp_path):
+    """As the session ends ipyparallel's controller: a group started with setsid by someone else, its members
+    ignoring SIGTERM, is killed once the grace is over; a group that is gone is left alone."""
+    ready = tmp_path / "ready"
+    out = subprocess.run(["sh", "-c", f"setsid sh -c \"trap '' TERM; sleep 300 & touch {ready}; wait\" "
+                          ">/dev/null 2>&1 & echo $!"], capture_output=True, text=True, timeout=10, check=True)
+    pgid = int(out.stdout)
+    deadline = time.monotonic() + 10
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert os.getpgid(pgid) == pgid and len(_group_left(pgid)) == 2, "a group of its own that is not our child"
+    began = time.monotonic()
+    end_group_by_id(pgid, grace=0.5)
+    assert 0.5 <= time.monotonic() - began < 5, "SIGKILL once the grace is over, not before"
+    assert _wait_gone(pgid) == [], "nothing of the group is left"
+    began = time.monotonic()
+    end_group_by_id(pgid, grace=30)
+    assert time.monotonic() - began < 2, "a group that is gone: nothing to wait for"

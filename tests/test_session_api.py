@@ -86,6 +86,7 @@ def test_the_public_methods_and_properties_that_users_read_keep_a_docstring():
 @pytest.fixture
 def session(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # the session's private directory is made in the home
+    monkeypatch.delenv("HPCDL_BACKEND", raising=False)  # the default backend, whatever the site names
     s = TrainingSession()
     yield s
     s.close()

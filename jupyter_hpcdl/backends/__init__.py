@@ -36,7 +36,11 @@ def _load(name: str) -> Backend:
                          f"with backend=..., or in {BACKEND_ENV}; another backend's package registers itself in the "
                          f"entry point group {GROUP!r})")
     module, _, attr = target.partition(":")
-    return getattr(import_module(module), attr)
+    backend = getattr(import_module(module), attr)
+    if backend.name != name:  # the ranks and the launcher find it again by its name
+        raise ValueError(f"the training backend registered as {name!r} ({target}) calls itself {backend.name!r}: "
+                         "register it under its own name")
+    return backend
 
 
 __all__ = ["BACKEND_ENV", "Backend", "DEFAULT", "GROUP", "load_backend"]

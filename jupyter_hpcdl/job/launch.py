@@ -26,13 +26,23 @@ from ..atomic import write_json
 from ..containers.site import load_site
 from ..batchsystems.scheduler import job_scheduler, serves
 from .tasks import job_hosts, supervise
-from ..backends import load_backend
+from ..backends import BACKEND_ENV, Backend, load_backend
 from .world import Slot, iface_for, plan_slots, task_slot
 
-BACKEND = load_backend()
-GLOO_NAMES = tuple(BACKEND.rank_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
 RENDEZVOUS_ENV = "HPCDL_RENDEZVOUS"
-PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME", "JOB_ID")
+PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME", "JOB_ID",
+                BACKEND_ENV)
+
+
+def _backend() -> Backend:
+    """The site's training backend (``HPCDL_BACKEND``, else Horovod), loaded when a command needs it: a bad name
+    fails the command that uses it, with the names installed, not the import of this module."""
+    return load_backend()
+
+
+def _gloo_names() -> tuple[str, ...]:
+    """The names of a rank's world environment, as the backend sets them."""
+    return tuple(_backend().rank_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,8 +88,8 @@ def run_rank(args, command: list[str]) -> int:
     if not rendezvous:
         print(f"hpcdl-launch --rank: ${RENDEZVOUS_ENV} is not set (start ranks with hpcdl-launch)", file=sys.stderr)
         return 2
-    os.environ.update(BACKEND.rank_env(slot, rendezvous, args.port, args.iface))
-    names = [n for n in (*GLOO_NAMES, *PASS_THROUGH, *args.env) if n in os.environ]
+    os.environ.update(_backend().rank_env(slot, rendezvous, args.port, args.iface))
+    names = [n for n in (*_gloo_names(), *PASS_THROUGH, *args.env) if n in os.environ]
     argv = [sys.executable, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), args.image, "--", *command]
     if args.slot is None:
         os.execv(sys.executable, argv)  # a step's task: the step ends them all
@@ -93,7 +103,7 @@ GRACE_S = 10.0
 
 def _rendezvous(bind: str, hosts: list[tuple[str, int]]):
     # only on the ranks' interface, only with the secret
-    return BACKEND.start_rendezvous(bind, hosts, sum(n for _, n in hosts))
+    return _backend().start_rendezvous(bind, hosts, sum(n for _, n in hosts))
 
 
 def _relay(stream, rank: int, out) -> None:
@@ -185,7 +195,7 @@ def run_local(args, command: list[str]) -> tuple[int, str]:
     ranks = _Ranks(args.label)
     try:
         for slot in plan_slots(hosts):
-            ranks.start(slot.rank, command, {**os.environ, **BACKEND.rank_env(slot, server.rank_address("127.0.0.1"), server.port, "lo")})
+            ranks.start(slot.rank, command, {**os.environ, **_backend().rank_env(slot, server.rank_address("127.0.0.1"), server.port, "lo")})
         return ranks.watch(args.time_limit)
     except _Stopped as e:
         _end(ranks.procs)  # with the grace: the ranks may checkpoint

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import replace
 from typing import Sequence
 
-from ..backends import load_backend
+from ..backends import BACKEND_ENV, load_backend
 from ..containers.kernelspec import kernel_image
 from ..job.newjob import NewAllocation, rank_job
 from ..job.owner import owner_socket
@@ -100,6 +100,7 @@ class TrainingSession:
             raise ValueError("where must be 'auto', 'local', 'allocation' or 'new'")
         if world not in ("gloo", "mpi"):
             raise ValueError("world must be 'gloo' (the session's own rendezvous) or 'mpi' (the site's MPI)")
+        self.backend = load_backend(backend)  # an unknown name fails here, saying which are installed
         self.world_kind = world
         self.new_allocation = new_allocation or NewAllocation()
         if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1):
@@ -121,7 +122,6 @@ class TrainingSession:
         self._dir = tempfile.mkdtemp(prefix="hpcdl-session-", dir=os.path.expanduser("~"))
         self.id = uuid.uuid4().hex
         self._reporter = Reporter(self.id, self.rank_table)
-        self.backend = load_backend(backend)  # an unknown name fails here, saying which are installed
         self._rankworld = RankWorld(self.backend, lambda: self.call_timeout, lambda: self._reporter.report("failed"))
         self._model = ModelState()
         self._checkpoints = Checkpoints(self._rankworld, self._model, self._reporter, self.id)
@@ -148,7 +148,8 @@ class TrainingSession:
         self._reporter.report("starting")
         world = self._rankworld.start(self.mode, PlacementOptions(
             self.ranks, self.start_timeout, self._dir, self.image, self.controller_ip, self.engine_cmd,
-            self.world_kind == "mpi", self.new_allocation), JoinOptions(self.world_kind, self.iface, self.env))
+            self.world_kind == "mpi", self.new_allocation),
+            JoinOptions(self.world_kind, self.iface, {**self.env, BACKEND_ENV: self.backend.name}))  # rank-side code too
         from .magic import register_cell_magic
 
         register_cell_magic(self)  # %%ranks runs a cell on this session's ranks
