@@ -1,0 +1,100 @@
+"""How long a session takes to be ready, against plain ipyparallel engines that import the same stack, in
+alternating rounds on this machine (local engines; engines in containers in a job are measured on the bed by
+``training_interactive.py``).
+
+- baseline: ``ipyparallel.Cluster(n=N)``: the controller, N engines connected, then TensorFlow and Horovod imported
+  on every engine, each part timed;
+- session: ``TrainingSession(ranks=N, where="local").start()`` (the same, plus the session's rendezvous and every
+  rank joining one Horovod world), and its ``close()``.
+
+    runuser -u alice -- /opt/jupyter-hpcdl/venv/bin/python benchmarks/start_profile.py --rounds 5
+
+Prints one JSON line per round and a summary: medians with the spread (min, max) and the ratio session/baseline per
+round."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import ipyparallel as ipp
+
+from jupyter_hpcdl.training import TrainingSession
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def import_stack() -> None:
+    """On an engine: what a rank imports before it can join (the Horovod backend's stack)."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow.keras  # noqa: F401
+    import tensorflow  # noqa: F401
+
+
+def baseline(ranks: int, timeout: float) -> dict:
+    """Plain ipyparallel engines importing the stack: the time of each part."""
+    t0 = time.perf_counter()
+    cluster = ipp.Cluster(n=ranks, log_level=40)
+    try:
+        cluster.start_controller_sync()
+        t_controller = time.perf_counter()
+        cluster.start_engines_sync()
+        client = cluster.connect_client_sync()
+        client.wait_for_engines(ranks, timeout=timeout)
+        t_engines = time.perf_counter()
+        client[:].apply_sync(import_stack)
+        t_imports = time.perf_counter()
+        client.close()
+    finally:
+        t_ready = time.perf_counter()
+        cluster.stop_cluster_sync()
+    return {"controller_s": t_controller - t0, "engines_s": t_engines - t_controller, "imports_s": t_imports - t_engines,
+            "ready_s": t_ready - t0, "stop_s": time.perf_counter() - t_ready}
+
+
+def session(ranks: int, timeout: float) -> dict:
+    t0 = time.perf_counter()
+    s = TrainingSession(ranks=ranks, where="local", start_timeout=timeout)
+    try:
+        s.start()
+        t_ready = time.perf_counter()
+    finally:
+        t_close = time.perf_counter()
+        s.close()
+    return {"ready_s": t_ready - t0, "close_s": time.perf_counter() - t_close}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=300.0, help="for each start")
+    args = p.parse_args()
+    if args.rounds < 1 or args.ranks < 1:
+        p.error("--rounds and --ranks at least 1")
+    rows = []
+    for r in range(args.rounds):
+        row = {"round": r}
+        for which in (("baseline", "session") if r % 2 == 0 else ("session", "baseline")):
+            row[which] = baseline(args.ranks, args.timeout) if which == "baseline" else session(args.ranks, args.timeout)
+        row["ratio"] = row["session"]["ready_s"] / row["baseline"]["ready_s"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    summary = {
+        "date": time.strftime("%Y-%m-%d"), "rounds": args.rounds, "ranks": args.ranks,
+        "baseline": {k: spread([row["baseline"][k] for row in rows]) for k in rows[0]["baseline"]},
+        "session": {k: spread([row["session"][k] for row in rows]) for k in rows[0]["session"]},
+        "ratio_session_over_baseline": spread([row["ratio"] for row in rows]),
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
