@@ -26,20 +26,8 @@ from pathlib import Path
 import cloudpickle
 
 from jupyter_hpcdl.training import TrainingSession
+from training_interactive import WORKLOAD  # the digits MLP, the same work as there (this folder is on the path)
 
-WORKLOAD = '''
-def model():
-    import tensorflow as tf
-    return tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(256, activation="relu"),
-                                tf.keras.layers.Dense(256, activation="relu"), tf.keras.layers.Dense(10)])
-
-def shard(rank, size):
-    import numpy as np
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    x, y = np.tile(x, (4, 1)), np.tile(y, 4)
-    return (x[rank::size] / 16.0).astype("float32"), y[rank::size]
-'''
 NEVER = 10**9
 #: The fit settings compared: as a user gets them, and with the publication, the stop check or both left out.
 SETTINGS = {

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
 import ipyparallel as ipp
 
+from fit_profile import spread  # this folder is on the path
 from jupyter_hpcdl.training import TrainingSession
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def import_stack() -> None:

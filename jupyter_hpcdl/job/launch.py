@@ -26,7 +26,7 @@ from ..atomic import write_json
 from ..containers.site import load_site
 from ..batchsystems.scheduler import job_scheduler, serves
 from .tasks import job_hosts, supervise
-from ..backends import BACKEND_ENV, Backend, load_backend
+from ..backends import BACKEND_ENV, load_backend
 from .world import Slot, iface_for, plan_slots, task_slot
 
 RENDEZVOUS_ENV = "HPCDL_RENDEZVOUS"
@@ -34,15 +34,11 @@ PASS_THROUGH = ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_L
                 BACKEND_ENV)
 
 
-def _backend() -> Backend:
-    """The site's training backend (``HPCDL_BACKEND``, else Horovod), loaded when a command needs it: a bad name
-    fails the command that uses it, with the names installed, not the import of this module."""
-    return load_backend()
-
-
 def _gloo_names() -> tuple[str, ...]:
-    """The names of a rank's world environment, as the backend sets them."""
-    return tuple(_backend().rank_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
+    """The names of a rank's world environment, as the site's backend sets them. The backend (``HPCDL_BACKEND``,
+    else Horovod) is loaded where a command needs it: a bad name fails that command, saying which are installed,
+    not the import of this module."""
+    return tuple(load_backend().rank_env(Slot("host", 0, 0, 1, 0, 1, 1), "addr", 0, "iface"))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,7 +84,7 @@ def run_rank(args, command: list[str]) -> int:
     if not rendezvous:
         print(f"hpcdl-launch --rank: ${RENDEZVOUS_ENV} is not set (start ranks with hpcdl-launch)", file=sys.stderr)
         return 2
-    os.environ.update(_backend().rank_env(slot, rendezvous, args.port, args.iface))
+    os.environ.update(load_backend().rank_env(slot, rendezvous, args.port, args.iface))
     names = [n for n in (*_gloo_names(), *PASS_THROUGH, *args.env) if n in os.environ]
     argv = [sys.executable, "-m", "jupyter_hpcdl.containers", "run", *(f"--env={n}" for n in names), args.image, "--", *command]
     if args.slot is None:
@@ -103,7 +99,7 @@ GRACE_S = 10.0
 
 def _rendezvous(bind: str, hosts: list[tuple[str, int]]):
     # only on the ranks' interface, only with the secret
-    return _backend().start_rendezvous(bind, hosts, sum(n for _, n in hosts))
+    return load_backend().start_rendezvous(bind, hosts, sum(n for _, n in hosts))
 
 
 def _relay(stream, rank: int, out) -> None:
@@ -195,7 +191,7 @@ def run_local(args, command: list[str]) -> tuple[int, str]:
     ranks = _Ranks(args.label)
     try:
         for slot in plan_slots(hosts):
-            ranks.start(slot.rank, command, {**os.environ, **_backend().rank_env(slot, server.rank_address("127.0.0.1"), server.port, "lo")})
+            ranks.start(slot.rank, command, {**os.environ, **load_backend().rank_env(slot, server.rank_address("127.0.0.1"), server.port, "lo")})
         return ranks.watch(args.time_limit)
     except _Stopped as e:
         _end(ranks.procs)  # with the grace: the ranks may checkpoint

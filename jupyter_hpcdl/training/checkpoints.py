@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from .rankworld import RankWorld
 from .reporting import Reporter
 
-
 if TYPE_CHECKING:
     from .fitting import ModelState
 
