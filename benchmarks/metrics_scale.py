@@ -17,7 +17,7 @@ import time
 
 from jupyter_hpcdl.dashboard.series import CHARTS, chart_series
 from jupyter_hpcdl.training.metrics import MetricsTable
-from jupyter_hpcdl.backends.horovod.rank_callbacks import OUTBOX_SIZE
+from jupyter_hpcdl.backends.publication import OUTBOX_SIZE
 
 
 class ReadAll(MetricsTable):

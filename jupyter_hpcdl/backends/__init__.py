@@ -18,7 +18,8 @@ DEFAULT = "horovod"
 BACKEND_ENV = "HPCDL_BACKEND"
 #: The backends this package brings, found also where it runs uninstalled (a source tree on PYTHONPATH, whose entry
 #: points are not registered); pyproject.toml registers the same.
-BUILTIN = {"horovod": "jupyter_hpcdl.backends.horovod:BACKEND"}
+BUILTIN = {"horovod": "jupyter_hpcdl.backends.horovod:BACKEND",
+           "torch": "jupyter_hpcdl.backends.pytorch:BACKEND"}
 
 
 def load_backend(name: str | None = None) -> Backend:

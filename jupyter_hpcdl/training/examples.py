@@ -1,9 +1,10 @@
 """A small real problem that ships with a package (scikit-learn's digits) for demos, workshops and tests: a Keras
-model, each rank's shard, and the loss. Nothing is downloaded. The model and the loss are the Horovod backend's
-(Keras); the shard is any backend's."""
+model and its loss (the Horovod backend's), a PyTorch module with its optimizer and scheduler (the torch backend's),
+and each rank's shard (any backend's). Nothing is downloaded."""
 from ..backends.horovod.examples import digits_loss, digits_model
+from ..backends.pytorch.examples import digits_torch_model
 
-__all__ = ["digits_loss", "digits_model", "digits_shard"]
+__all__ = ["digits_loss", "digits_model", "digits_shard", "digits_torch_model"]
 
 
 def digits_shard(rank, size):

@@ -101,6 +101,8 @@ class TrainingSession:
         if world not in ("gloo", "mpi"):
             raise ValueError("world must be 'gloo' (the session's own rendezvous) or 'mpi' (the site's MPI)")
         self.backend = load_backend(backend)  # an unknown name fails here, saying which are installed
+        if world == "mpi":
+            self.backend.mpi_env()  # a backend that cannot join over MPI says so here, before any engine starts
         self.world_kind = world
         self.new_allocation = new_allocation or NewAllocation()
         if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1):

@@ -10,35 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from ...atomic import atomic_write
-
-MANIFEST = "hpcdl.json"
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where the training stands: what a checkpoint keeps besides the variables."""
-
-    epochs_done: int
-    batches_done: int
-    world_size: int
-    seed: int
-
-    def start_batch(self, world_size: int, steps_per_epoch: int) -> int:
-        """Where this world's data streams go on: the same batch in the same world; the next epoch's start in a
-        world of another size (its shards are different ones)."""
-        return self.batches_done if world_size == self.world_size else self.epochs_done * steps_per_epoch
-
-
-def check_target(path: str) -> str:
-    """A checkpoint's path (a directory), or a ValueError that says what is in the way."""
-    path = os.path.abspath(os.path.expanduser(path))
-    if os.path.isfile(path):
-        raise ValueError(f"{path} is a file: a checkpoint is a directory (TensorFlow's checkpoint files and "
-                         f"{MANIFEST}); give a new name")
-    return path
+from ..progress import MANIFEST, Progress, check_target
 
 
 def _tracked(model, progress_var):

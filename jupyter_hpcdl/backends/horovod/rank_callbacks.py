@@ -3,41 +3,11 @@ the count of epochs and batches that checkpoints keep. They go beside the user's
 and in a user's script run by ``session.run_script``."""
 from __future__ import annotations
 
-import itertools
-import math
 import os
-import socket
 import time
-from collections import deque
+
+from ..publication import TrainingStopped, number, publish
 from . import hvd
-
-
-OUTBOX_SIZE = 32
-_OUTBOX: deque = deque(maxlen=OUTBOX_SIZE)
-_SEQUENCE = itertools.count()
-_ORIGIN = f"{socket.gethostname()}:{os.getpid()}"
-
-
-def publish(rank: int, record: dict) -> None:
-    """Send ``record`` to the kernel with the last few before it: ipyparallel keeps only an engine's latest
-    publication, so a kernel that reads less often than the rank publishes still gets every record (up to
-    ``OUTBOX_SIZE`` behind); the kernel drops what it has by (origin, seq)."""
-    from ipyparallel.datapub import publish_data
-
-    _OUTBOX.append({**record, "seq": next(_SEQUENCE), "origin": _ORIGIN})
-    publish_data({"rank": rank, "records": list(_OUTBOX)})
-
-
-class TrainingStopped(Exception):
-    """Raised inside fit when every rank agreed to stop (see :class:`StopWhenAsked`)."""
-
-
-def _number(value) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def make_callbacks(progress: dict, stop_file: str, batch_size: int | None, publish_every: int = 5,
@@ -62,7 +32,7 @@ def make_callbacks(progress: dict, stop_file: str, batch_size: int | None, publi
         return {"gpu_util_pct": sample.utilization_pct, "gpu_used_mb": sample.memory_used_mb} if sample else {}
 
     def metrics_of(logs) -> dict[str, float]:
-        return {k: n for k, v in (logs or {}).items() if k != "loss" and (n := _number(v)) is not None}
+        return {k: n for k, v in (logs or {}).items() if k != "loss" and (n := number(v)) is not None}
 
     class Publisher(tf.keras.callbacks.Callback):
         """Live metrics of this rank, sent to the kernel as they happen (ipyparallel's data publication): every
@@ -89,14 +59,14 @@ def make_callbacks(progress: dict, stop_file: str, batch_size: int | None, publi
                 self.published = self.t0
                 size = self.batch_size or (self.params or {}).get("batch_size")
                 publish(rank, {"rank": rank, "epoch": self.epoch, "batch": batch, "time": time.time(),
-                              "loss": _number((logs or {}).get("loss")), "step_time_s": step,
+                              "loss": number((logs or {}).get("loss")), "step_time_s": step,
                               "samples_per_s": size / step if size and step > 0 else None,
                               "memory_mb": process.memory_info().rss / 2**20, "gpu_memory_mb": gpu_memory_mb(),
                               **gpu_figures(), "metrics": metrics_of(logs)})
 
         def on_epoch_end(self, epoch, logs=None):
             publish(rank, {"rank": rank, "epoch": self.epoch, "batch": None, "kind": "epoch", "time": time.time(),
-                          "loss": _number((logs or {}).get("loss")), "metrics": metrics_of(logs)})
+                          "loss": number((logs or {}).get("loss")), "metrics": metrics_of(logs)})
 
     class StopWhenAsked(tf.keras.callbacks.Callback):
         """Every ``check_every`` batches each rank checks the stop file, and all agree (max over ranks) before

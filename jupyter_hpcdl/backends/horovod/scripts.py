@@ -4,13 +4,11 @@ callbacks added to every ``model.fit`` it calls, so its metrics stream live and 
 from __future__ import annotations
 
 import contextlib
-import os
-import runpy
-import sys
 import warnings
 
+from ..scriptrun import run_main
 from . import hvd
-from .rank_callbacks import TrainingStopped, make_callbacks
+from .rank_callbacks import make_callbacks
 
 FIT_CALLBACKS_POSITION = 5  # Model.fit(x, y, batch_size, epochs, verbose, callbacks, ...)
 
@@ -68,22 +66,7 @@ def run_script(path: str, args: list[str], stop_file: str, publish_every: int = 
                min_interval: float = 0.0) -> dict:
     """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]``; this rank's exit code and whether Stop
     ended it."""
-    argv, sys_path = sys.argv, list(sys.path)
-    sys.argv = [path, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    code, stopped = 0, None
-    try:
-        with session_fit(stop_file, publish_every, check_every, min_interval) as progress:
-            try:
-                runpy.run_path(path, run_name="__main__")
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                if e.code is not None and not isinstance(e.code, int):
-                    print(e.code, file=sys.stderr)
-            except TrainingStopped as e:
-                stopped = str(e)
-    finally:
-        sys.argv, sys.path[:] = argv, sys_path
-        sys.stdout.flush()
-        sys.stderr.flush()
-    return {"rank": hvd.rank(), "exit_code": code, "stopped": stopped, "epochs_done": progress["epochs_done"]}
+    with session_fit(stop_file, publish_every, check_every, min_interval) as progress:
+        end = run_main(path, args)
+    return {"rank": hvd.rank(), "exit_code": end.exit_code, "stopped": end.stopped,
+            "epochs_done": progress["epochs_done"]}

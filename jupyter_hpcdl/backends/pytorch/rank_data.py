@@ -1,0 +1,150 @@
+"""A rank's data (runs on the ranks): its shard of the user's data as batches that any epoch of any fit can start
+from, so a resumed or recovered fit goes on with the data order it would have had.
+
+The stream is pass after pass over the shard; pass ``p`` of arrays is shuffled with a seed made of the session's
+seed, the rank and ``p`` (a ``Dataset`` is batched by a ``DataLoader`` seeded the same way; the user's own
+``DataLoader`` is read as it was written). An epoch is the agreed number of batches (the most any rank needs for one
+pass), so a rank with a smaller shard wraps into its next pass and no rank leaves an epoch while its peers wait in
+a gradient allreduce; the position after ``k`` epochs is ``k × steps`` batches into the stream."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from ..base import NpzFile
+
+
+@dataclass
+class Shard:
+    """This rank's data: arrays or tensors (``x``, ``y``), or a ``torch.utils.data`` ``Dataset`` or ``DataLoader``
+    (``dataset``)."""
+
+    x: Any = None
+    y: Any = None
+    dataset: Any = None
+
+    @property
+    def samples(self) -> int | None:
+        if self.dataset is None:
+            return len(self.x)
+        return None if _is_loader(self.dataset) else len(self.dataset)
+
+
+def _is_loader(data) -> bool:
+    from torch.utils.data import DataLoader
+
+    return isinstance(data, DataLoader)
+
+
+def load_shard(data, rank: int, size: int) -> Shard | None:
+    """The user's data in any of its forms (see ``spec.check_data``) as this rank's shard: ``(x, y)`` arrays or
+    tensors (every size-th sample), a ``.npz`` file, or a function ``(rank, size)`` returning this rank's ``(x, y)``,
+    a map-style ``Dataset`` of ``(x, y)`` samples or a ``DataLoader`` of ``(x, y)`` batches."""
+    import numpy as np
+    from torch.utils.data import Dataset
+
+    if data is None:
+        return None
+    if isinstance(data, NpzFile):
+        with np.load(data.path, mmap_mode="r") as arrays:
+            missing = [k for k in (data.x, data.y) if k not in arrays.files]
+            if missing:
+                raise ValueError(f"{data.path} has no array {missing[0]!r} (it has {', '.join(arrays.files)})")
+            return Shard(np.asarray(arrays[data.x][rank::size]), np.asarray(arrays[data.y][rank::size]))
+    if isinstance(data, tuple):
+        return Shard(data[0][rank::size], data[1][rank::size])
+    made = data(rank, size)
+    if _is_loader(made) or isinstance(made, Dataset):
+        if not _is_loader(made) and not hasattr(made, "__len__"):
+            raise ValueError("the data function gave an iterable Dataset: wrap it in a DataLoader that batches it "
+                             "and give steps_per_epoch=")
+        return Shard(dataset=made)
+    if isinstance(made, (tuple, list)) and len(made) == 2:
+        if len(made[0]) != len(made[1]):
+            raise ValueError(f"the data function gave rank {rank} {len(made[0])} x but {len(made[1])} y")
+        return Shard(made[0], made[1])
+    raise ValueError("the data function must return (x, y), a torch Dataset of (x, y) samples or a DataLoader of "
+                     f"(x, y) batches, not {type(made).__name__}")
+
+
+def batches_per_pass(shard: Shard, batch_size: int, steps_per_epoch: int | None = None) -> int:
+    """Batches in one pass over this rank's shard (the last one partial); a ``DataLoader`` without a length needs
+    ``steps_per_epoch``."""
+    if shard.dataset is not None and _is_loader(shard.dataset):
+        try:
+            n = len(shard.dataset)
+        except TypeError:
+            if steps_per_epoch is None:
+                raise ValueError("this rank's DataLoader has no length (an iterable Dataset): give "
+                                 "steps_per_epoch=") from None
+            return steps_per_epoch
+        if n <= 0:
+            raise ValueError("this rank's DataLoader is empty: every rank needs at least one batch")
+        return n
+    if shard.samples <= 0:
+        raise ValueError("this rank's data shard is empty: every rank needs at least one sample")
+    return -(-shard.samples // batch_size)
+
+
+def as_tensor(value, device):
+    """A batch's part as a tensor on ``device``; floating arrays in torch's default dtype (NumPy's float64 would
+    not meet a model's float32 weights)."""
+    import torch
+
+    tensor = torch.as_tensor(value)
+    if tensor.is_floating_point() and tensor.dtype != torch.get_default_dtype():
+        tensor = tensor.to(torch.get_default_dtype())
+    return tensor.to(device, non_blocking=True)
+
+
+def _pair(batch) -> tuple:
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise ValueError(f"a batch of the user's data must be a pair (x, y), not {type(batch).__name__}")
+    return batch[0], batch[1]
+
+
+def _pass_seed(seed: int, rank: int, p: int) -> int:
+    return (seed * 1_000_003 + rank * 7_919 + p) % 2**63
+
+
+def one_pass(shard: Shard, batch_size: int, seed: int, rank: int, p: int, shuffle: bool) -> Iterator[tuple]:
+    """The batches of pass ``p`` over the shard, as ``(x, y)`` pairs not yet on a device."""
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+
+    if shard.dataset is None:
+        n = shard.samples
+        order = np.random.default_rng(_pass_seed(seed, rank, p)).permutation(n) if shuffle else np.arange(n)
+        for start in range(0, n, batch_size):
+            index = order[start:start + batch_size]
+            x, y = shard.x, shard.y
+            yield (x[torch.as_tensor(index)] if isinstance(x, torch.Tensor) else x[index],
+                   y[torch.as_tensor(index)] if isinstance(y, torch.Tensor) else y[index])
+        return
+    loader = shard.dataset if _is_loader(shard.dataset) else DataLoader(
+        shard.dataset, batch_size=batch_size, shuffle=shuffle,
+        generator=torch.Generator().manual_seed(_pass_seed(seed, rank, p)))
+    for batch in loader:
+        yield _pair(batch)
+
+
+def training_stream(shard: Shard, batch_size: int, seed: int, rank: int, shuffle: bool, start_batch: int,
+                    per_pass: int, device) -> Iterator[tuple]:
+    """The endless stream of batches on ``device`` from batch ``start_batch`` on (see the module's docstring)."""
+    p, offset = divmod(start_batch, per_pass)
+    while True:
+        i = -1
+        for i, (x, y) in enumerate(one_pass(shard, batch_size, seed, rank, p, shuffle)):
+            if i >= offset:
+                yield as_tensor(x, device), as_tensor(y, device)
+        if i < 0:
+            raise ValueError(f"pass {p} over this rank's data gave no batch (an exhausted iterator?): a DataLoader "
+                             "must give its batches again on every pass")
+        p, offset = p + 1, 0
+
+
+def validation_batches(shard: Shard, batch_size: int, device) -> Iterator[tuple]:
+    """The validation shard once over, in order, on ``device``."""
+    for x, y in one_pass(shard, batch_size, 0, 0, 0, shuffle=False):
+        yield as_tensor(x, device), as_tensor(y, device)

@@ -1,0 +1,62 @@
+"""An existing ``torchrun`` script, run unchanged on the session's ranks (runs on the ranks): as ``python script.py
+args`` would, in this rank's world. Its ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are set;
+its ``init_process_group()`` joins the world the rank is already in and its ``destroy_process_group()`` leaves it to
+the session. After every optimizer step the session publishes the step's time (and the figures the script gives
+``jupyter_hpcdl.report``) and, every few steps, checks Stop with the other ranks."""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from ..publication import reported
+from ..scriptrun import run_main
+from . import dist
+from .rank_steps import StepWatch
+
+
+@contextlib.contextmanager
+def session_steps(stop_file: str, publish_every: int, check_every: int, min_interval: float):
+    """While the script runs: its process group calls meet the session's world, and each optimizer step is
+    watched (:class:`.rank_steps.StepWatch`)."""
+    import torch.distributed as torch_dist
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    watch = StepWatch(stop_file, publish_every, check_every, min_interval)
+    progress = {"steps": 0, "last": time.perf_counter()}
+    original_init, original_destroy = torch_dist.init_process_group, torch_dist.destroy_process_group
+
+    def init_process_group(*args, **kwargs):
+        if not torch_dist.is_initialized():
+            return original_init(*args, **kwargs)
+        return None  # the rank is in the session's world already
+
+    def destroy_process_group(group=None):
+        if group is not None:
+            return original_destroy(group)
+        return None  # the session's world outlives the script
+
+    def after_step(optimizer, args, kwargs):
+        figures = reported()
+        loss = figures.pop("loss", None)
+        batch = progress["steps"]
+        started, progress["last"] = progress["last"], time.perf_counter()
+        progress["steps"] += 1
+        watch.step(0, batch, started, None, loss, figures)
+
+    torch_dist.init_process_group, torch_dist.destroy_process_group = init_process_group, destroy_process_group
+    handle = register_optimizer_step_post_hook(after_step)
+    try:
+        yield progress
+    finally:
+        handle.remove()
+        torch_dist.init_process_group, torch_dist.destroy_process_group = original_init, original_destroy
+
+
+def run_script(path: str, args: list[str], stop_file: str, publish_every: int = 5, check_every: int = 20,
+               min_interval: float = 0.0) -> dict:
+    """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]``; this rank's exit code, whether Stop ended it,
+    and the optimizer steps it took."""
+    with session_steps(stop_file, publish_every, check_every, min_interval) as progress:
+        end = run_main(path, args)
+    return {"rank": dist.rank(), "exit_code": end.exit_code, "stopped": end.stopped, "epochs_done": 0,
+            "steps": progress["steps"]}
