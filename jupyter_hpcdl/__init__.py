@@ -4,9 +4,9 @@
 def __getattr__(name: str):
     """``__version__``, read from the installed metadata only when asked (the package's command-line tools start
     often, in every container start: scanning the metadata there would cost each of them); ``report``, for a
-    user's script to hand its figures to the session's live metrics (:func:`.backends.publication.report`)."""
+    user's script to hand its figures to the session's live metrics (:func:`.figures.report`)."""
     if name == "report":
-        from .backends.publication import report
+        from .figures import report
 
         return report
     if name != "__version__":

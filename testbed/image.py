@@ -17,6 +17,9 @@ OS_IMAGE = "hpcdl/os"
 SUITE = "bookworm"
 OS_PACKAGES = ("python3", "libopenmpi3", "openmpi-bin", "procps", "ca-certificates")
 IDENTITY_FILE = "etc/hpcdl-image.json"
+#: What of the shared environment stays out of the image: PyTorch (about 750 MB installed), whose ranks the bed's
+#: tests start natively; the bed's containers train with Horovod.
+HOST_ONLY = ("torch", "torch-*", "torchgen", "functorch")
 
 
 def _sha(*parts: bytes | str) -> str:
@@ -61,9 +64,10 @@ def venv_layer(cache: Path, venv: Path) -> tuple[Path, str]:
             old.unlink()
         partial = out.with_suffix(".partial.tar")
         site = next((venv / "lib").glob("python3*/site-packages")).relative_to("/")
-        _run(["tar", "-C", "/", f"--exclude={site}/jupyter_hpcdl",
-              f"--exclude={site}/jupyter_hpcdl-*", "--exclude=" + str((venv / "bin").relative_to("/")) + "/hpcdl-*",
-              "-cf", str(partial), str(venv.relative_to("/"))])
+        bin_dir = (venv / "bin").relative_to("/")
+        _run(["tar", "-C", "/", f"--exclude={site}/jupyter_hpcdl", f"--exclude={site}/jupyter_hpcdl-*",
+              f"--exclude={bin_dir}/hpcdl-*", *(f"--exclude={site}/{name}" for name in HOST_ONLY),
+              f"--exclude={bin_dir}/torch*", "-cf", str(partial), str(venv.relative_to("/"))])
         partial.rename(out)
     return out, key
 

@@ -87,7 +87,7 @@ installed=$(cat "$venv/.hpcdl-wheel" 2>/dev/null || true)
 if [[ $(cat "$venv/.hpcdl-deps" 2>/dev/null) != "$deps_stamp" ]]; then
   log "jupyter-hpcdl and its dependencies into $venv"
   "${pip[@]}" install -c "$repo/testbed/constraints.txt" --find-links "$hvd_dir" --force-reinstall --no-deps "$wheel"
-  "${pip[@]}" install -c "$repo/testbed/constraints.txt" --find-links "$hvd_dir" "$wheel[tensorflow-cpu,rank,mpi,hub,lab,test]"
+  "${pip[@]}" install -c "$repo/testbed/constraints.txt" --find-links "$hvd_dir" "$wheel[tensorflow-cpu,torch,rank,mpi,hub,lab,test]"
   echo "$deps_stamp" >"$venv/.hpcdl-deps"
   echo "$src_stamp" >"$venv/.hpcdl-wheel"
 elif [[ $installed != "$src_stamp" ]]; then

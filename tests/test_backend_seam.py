@@ -3,7 +3,10 @@ TensorFlow, Keras or Horovod, and the registered backend gives all that the inte
 imports a framework."""
 import ast
 import importlib
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -17,7 +20,9 @@ from sources import package_files
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "jupyter_hpcdl"
 BACKENDS = PACKAGE / "backends"
-FRAMEWORKS = {"tensorflow", "keras", "tf_keras", "horovod"}
+FRAMEWORKS = {"tensorflow", "keras", "tf_keras", "horovod", "torch", "torchvision"}
+#: Which backend's package may import which framework.
+OWN = {"horovod": {"tensorflow", "keras", "tf_keras", "horovod"}, "pytorch": {"torch", "torchvision"}}
 
 
 def framework_imports(path: Path, root: Path = ROOT) -> list[str]:
@@ -39,6 +44,12 @@ def test_only_the_backends_import_a_framework():
     assert outside == [], "TensorFlow, Keras and Horovod belong behind jupyter_hpcdl.backends (a backend's package)"
 
 
+def test_each_framework_stays_in_its_own_backend():
+    strays = [hit for p in package_files(BACKENDS) for hit in framework_imports(p)
+              if hit.split(": ")[1].split(".")[0] not in OWN.get(p.relative_to(BACKENDS).parts[0], set())]
+    assert strays == [], "a backend imports another's framework, or a neutral module of backends/ imports one"
+
+
 def test_the_checker_sees_an_import_inside_a_function(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("import os\nimport tensorflow as tf\n\ndef f():\n    import horovod.tensorflow as hvd\n"
@@ -46,21 +57,33 @@ def test_the_checker_sees_an_import_inside_a_function(tmp_path):
     assert framework_imports(module, tmp_path) == ["m.py: tensorflow", "m.py: horovod.tensorflow", "m.py: tf_keras"]
 
 
-def test_the_default_backend_is_registered_in_pyproject_as_it_is_built_in():
+def test_the_built_in_backends_are_registered_in_pyproject_as_they_are_built_in():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][GROUP]
-    assert declared == BUILTIN and DEFAULT in declared
+    assert declared == BUILTIN and DEFAULT in declared and "torch" in declared
 
 
-def test_the_default_backend_gives_every_member_of_the_interface():
-    backend = load_backend(DEFAULT)
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_each_built_in_backend_gives_every_member_of_the_interface(name):
+    backend = load_backend(name)
     members = [n for n in dir(Backend) if not n.startswith("_")] + list(Backend.__annotations__)
-    assert backend.name == DEFAULT
+    assert backend.name == name
     assert [m for m in members if not hasattr(backend, m)] == []
 
 
-def test_rank_functions_are_found_by_module_path_on_the_ranks():
+def test_loading_a_backend_in_the_kernel_imports_no_framework():
+    """The kernel loads the session's backend (to ship its rank functions) but must not import the framework."""
+    code = ("import sys\nfrom jupyter_hpcdl.backends import load_backend\nfor n in ('horovod', 'torch'):\n"
+            "    load_backend(n)\nprint(sorted(m for m in sys.modules if m.split('.')[0] in %r))" % (FRAMEWORKS,))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_rank_functions_are_found_by_module_path_on_the_ranks(name):
     """ipyparallel ships them by reference: each must be a module-level function of an importable module."""
-    backend = load_backend(DEFAULT)
+    backend = load_backend(name)
     rank_members = [n for n, t in Backend.__annotations__.items() if str(t).startswith("Callable")]
     assert rank_members
     for name in rank_members:
@@ -146,8 +169,8 @@ def test_weak_scaling_shards_with_the_sessions_backend_on_the_ranks(recording):
     assert len(part_x) == len(part_y) == 3
 
 
-#: A module of one backend's package (not the interface, ``base``, or the neutral helpers beside it, ``gpu``).
-ONE_BACKEND = re.compile(r"(jupyter_hpcdl\.)?backends\.(?!(base|gpu)(\.|$))")
+#: A module of one backend's package (not the interface, ``base``, or the neutral helpers beside it).
+ONE_BACKEND = re.compile(r"(jupyter_hpcdl\.)?backends\.(?!(base|gpu|publication|progress|scriptrun)(\.|$))")
 
 
 def module_level_backends(path: Path) -> list[str]:
@@ -189,3 +212,32 @@ def test_the_sessions_parts_hold_no_backend_of_their_own():
     found = [hit for p in sorted((PACKAGE / "training").glob("*.py")) if p.name != "examples.py"
              for hit in module_level_backends(p)]
     assert found == []
+
+
+def test_the_torch_backend_refuses_an_mpi_world_before_any_engine_starts(monkeypatch, tmp_path):
+    from jupyter_hpcdl.training import TrainingSession
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="world='gloo'"):
+        TrainingSession(backend="torch", world="mpi")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_torch_store_is_a_file_only_the_user_reaches(monkeypatch, tmp_path):
+    """PyTorch's TCPStore answers anyone on its port: the ranks meet in a file of a mode-0700 directory instead,
+    and the world's environment names no address or port of a store."""
+    from jupyter_hpcdl.backends.pytorch.store import FileRendezvous, rank_env
+    from jupyter_hpcdl.job.world import plan_slots
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    store = FileRendezvous()
+    assert os.path.dirname(store.path) == store.directory and store.directory.startswith(str(tmp_path))
+    assert os.stat(store.directory).st_mode & 0o777 == 0o700 and store.port == 0
+    envs = [rank_env(slot, store.rank_address("10.0.0.1"), "ib0", 60) for slot in plan_slots([("n1", 2), ("n2", 2)])]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "0", "4"), ("1", "1", "0", "4"), ("2", "0", "1", "4"), ("3", "1", "1", "4")]
+    assert {e["HPCDL_TORCH_STORE"] for e in envs} == {store.path} and {e["GLOO_SOCKET_IFNAME"] for e in envs} == {"ib0"}
+    assert not [k for e in envs for k in e if k.startswith("MASTER_")]
+    assert float(envs[0]["HPCDL_TORCH_TIMEOUT"]) >= 300  # the join and each collective have a deadline
+    store.stop()
+    assert not os.path.exists(store.directory)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-from ..publication import TrainingStopped, number, publish
+from ...figures import number
+from ..publication import TrainingStopped, publish
 from . import hvd
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import time
 
+from ...figures import number
 from ..gpu import RankGpu
-from ..publication import TrainingStopped, number, publish
+from ..publication import TrainingStopped, publish
 from . import dist
 
 

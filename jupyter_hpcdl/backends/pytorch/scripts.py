@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from ..publication import reported
+from ...figures import reported
 from ..scriptrun import run_main
 from . import dist
 from .rank_steps import StepWatch

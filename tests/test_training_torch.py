@@ -1,0 +1,185 @@
+"""The PyTorch backend in local mode (no batch system): 2 and 3 ranks as ipyparallel engines train a user's
+``torch.nn.Module`` (Adam with a step schedule, a validation set) on scikit-learn's digits, interactively — epochs and
+more epochs, live per-rank metrics, identical parameters, Stop mid-epoch, checkpoints that plain PyTorch loads,
+resume and rescale with the optimizer's state, uneven shards, and an unchanged ``torchrun`` script."""
+import hashlib
+import json
+import os
+import sys
+import textwrap
+import threading
+
+import cloudpickle
+import pytest
+
+from jupyter_hpcdl.training import RankError, TrainingSession
+
+import workloads
+from workloads import digits_shard, digits_torch_model
+
+pytestmark = pytest.mark.ranks  # starts real worlds of local ranks (testbed/quick leaves them out)
+
+torch = pytest.importorskip("torch")
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # as functions defined in a notebook travel
+cloudpickle.register_pickle_by_value(workloads)
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = TrainingSession(ranks=2, backend="torch")
+    try:
+        world = s.start()
+        assert sorted((w["rank"], w["size"]) for w in world) == [(0, 2), (1, 2)]
+        built = s.setup(digits_torch_model, digits_shard, loss="cross_entropy", metrics=["accuracy"],
+                        validation_data=digits_shard, batch_size=32)
+        assert {b["optimizer"] for b in built} == {"Adam"}
+        yield s
+    finally:
+        s.close()
+
+
+def digest(model) -> str:
+    """As the backend digests a module's parameters."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_loss_falls_and_ranks_agree_epoch_after_epoch(session):
+    first = session.fit(epochs=2)
+    again = session.fit(epochs=2)
+    assert first.epochs_done == 2 and again.epochs_done == 4
+    assert set(first.history) == {0, 1}
+    assert set(first.history[0]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert first.history[0] == first.history[1], "epoch metrics are averaged over the ranks"
+    losses = first.loss + again.loss
+    assert losses[-1] < losses[0] * 0.7, losses
+    assert again.history[0]["val_accuracy"][-1] > 0.8
+    assert first.weights != again.weights  # training moved them, and fit checked all ranks agree on each
+
+
+def test_metrics_stream_from_both_ranks(session):
+    seen = []
+    session.fit(epochs=1, on_metrics=lambda table: seen.append(len(table.frame())))
+    frame = session.metrics
+    assert set(frame["rank"]) == {0, 1}
+    assert frame["samples_per_s"].dropna().gt(0).all() and frame["memory_mb"].gt(0).all()
+    assert frame["loss"].notna().all() and "accuracy" in frame
+    assert seen and seen == sorted(seen), "metrics did not arrive while training ran"
+    assert set(session.epoch_metrics["rank"]) == {0, 1}
+
+
+def test_stop_mid_epoch_keeps_the_world_in_step(session):
+    timer = threading.Timer(1.5, session.stop_training)
+    timer.start()
+    result = session.fit(epochs=200)
+    timer.join()
+    assert result.stopped and "stopped in epoch" in result.stopped
+    assert result.epochs_done < session.fit(epochs=1).epochs_done  # the world still trains afterwards
+
+
+def test_a_scheduled_learning_rate_is_not_set_by_hand(session):
+    with pytest.raises(RankError, match="scheduler"):
+        session.set_lr(0.1)
+
+
+def test_plain_pytorch_loads_the_checkpoint_and_resume_restores_the_optimizer(session, tmp_path):
+    path = session.checkpoint(str(tmp_path / "digits"))
+    manifest = json.loads((tmp_path / "digits" / "hpcdl.json").read_text())
+    state = tmp_path / "digits" / manifest["latest"]
+    model, optimizer, scheduler = digits_torch_model()
+    model.load_state_dict(torch.load(state / "model.pt"))  # plain PyTorch, as the module's docstring shows
+    optimizer.load_state_dict(torch.load(state / "optimizer.pt"))
+    scheduler.load_state_dict(torch.load(state / "scheduler.pt"))
+    saved = session.weights_digest()
+    assert digest(model) == saved
+    steps = manifest["optimizer_steps"]
+    assert steps > 0 and all(int(s["step"]) == steps for s in optimizer.state_dict()["state"].values())
+    assert scheduler.last_epoch == manifest["epochs_done"]
+
+    session.fit(epochs=1)
+    assert session.weights_digest() != saved
+    loaded = session.resume(path)
+    assert {r["weights"] for r in loaded} == {saved} and {r["iterations"] for r in loaded} == {steps}
+    for _ in range(3):  # the newest two states are kept; no partial directory is left
+        session.checkpoint(path)
+    kept = sorted(os.listdir(path))
+    assert len([d for d in kept if d.startswith("state-")]) == 2 and not [d for d in kept if "partial" in d]
+
+
+def test_a_checkpoint_of_the_other_backend_is_refused(session, tmp_path):
+    (tmp_path / "keras").mkdir()
+    (tmp_path / "keras" / "hpcdl.json").write_text(json.dumps({"format": "tf.train.Checkpoint", "latest": "ckpt-1"}))
+    with pytest.raises(RankError, match="another backend"):
+        session.resume(str(tmp_path / "keras"))
+
+
+def test_a_setup_without_a_loss_says_what_to_give(session):
+    before = session.weights_digest()
+    with pytest.raises(RankError, match=r"loss=torch.nn.CrossEntropyLoss\(\)"):
+        session.setup(digits_torch_model, digits_shard)
+    assert session.weights_digest() == before, "a failed setup left the built model alone"
+
+
+def torchrun_script(path):
+    path.write_text(textwrap.dedent("""
+        # a script written for torchrun, unchanged but for one optional line
+        import os, sys
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        assert dist.get_rank() == rank and dist.get_world_size() == size and "LOCAL_RANK" in os.environ
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        steps = int(sys.argv[1])
+        for step in range(steps):
+            x = torch.randn(32, 8)
+            loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+            try:
+                import jupyter_hpcdl
+                jupyter_hpcdl.report(loss=loss.item())
+            except ImportError:
+                pass
+        dist.destroy_process_group()
+        print("rank", rank, "of", size, "done")
+    """))
+    return path
+
+
+def test_an_unchanged_torchrun_script_runs_on_the_ranks_with_live_steps(session, tmp_path):
+    before = len(session.metrics)
+    result = session.run_script(str(torchrun_script(tmp_path / "train.py")), ["60"], echo=False)
+    assert result.ok and result.exit_codes == {0: 0, 1: 0}
+    assert "rank 1 of 2 done" in result.stdout[1]
+    steps = session.metrics.iloc[before:]
+    assert set(steps["rank"]) == {0, 1} and steps["step_time_s"].gt(0).all()
+    assert steps["loss"].notna().any()
+    assert session.fit(epochs=1).epochs_done > 0  # the script left the session's world as it was
+
+
+def test_rescale_keeps_the_parameters_and_the_optimizer_state(session):
+    session.fit(epochs=1)
+    before, steps = session.weights_digest(), session.checkpoint(os.path.join(session.private_dir, "before"))
+    steps = json.loads(open(os.path.join(steps, "hpcdl.json")).read())["optimizer_steps"]
+    after = session.rescale(1)
+    assert [r["weights"] for r in after] == [before] and [r["iterations"] for r in after] == [steps]
+    assert len(session.world) == 1 and session.fit(epochs=1).epochs_done > 0
+
+
+def uneven_digits(rank, size):
+    """Shards of 100, 150 and 200 samples: 2, 3 and 4 batches of 64 — the ranks agree on 4 steps an epoch."""
+    x, y = digits_shard(0, 1)
+    start = sum(100 + 50 * r for r in range(rank))
+    return x[start:start + 100 + 50 * rank], y[start:start + 100 + 50 * rank]
+
+
+def test_uneven_shards_at_three_ranks_finish_with_identical_weights():
+    with TrainingSession(ranks=3, backend="torch") as s:
+        built = s.setup(digits_torch_model, uneven_digits, loss="cross_entropy", batch_size=64, seed=1)
+        assert sorted(b["samples"] for b in built) == [100, 150, 200]
+        assert {b["steps_per_epoch"] for b in built} == {4}
+        result = s.fit(epochs=2)  # raises WorldDiverged if the ranks' parameters differ
+        assert result.epochs_done == 2 and set(result.history) == {0, 1, 2}
