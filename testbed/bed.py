@@ -40,6 +40,7 @@ VENV = PREFIX / "venv"
 WORKSHOP_USERS = tuple(f"w{i:02d}" for i in range(1, 21))
 USERS = ("alice", "bob", *WORKSHOP_USERS)
 IMAGE_USERS = ("alice",)  # users whose udocker gets the image at start-up (bob's stays empty)
+TORCH_USERS = ("alice",)  # and the PyTorch image
 SLURM_ETC = Path("/etc/slurm")
 SITE_JSON = Path("/etc/jupyter-hpcdl/site.json")
 #: The hubs run as this system account, not root: what they do as a user goes through the sudo rule that
@@ -294,6 +295,9 @@ def up() -> dict:
     identity = image.build(CACHE / "image", VENV, image.project_wheel(CACHE), config.REGISTRY, STATE / "image.json")
     for user in IMAGE_USERS:
         user_image(user, identity)
+    if identity.get("torch"):
+        for user in TORCH_USERS:
+            user_image(user, identity, image.TORCH_IMAGE)
     with ThreadPoolExecutor(4) as pool:  # the attendees' small images, a few at a time
         list(pool.map(lambda user: user_image(user, identity, image.OS_IMAGE), WORKSHOP_USERS))
     for place in hubs():
@@ -316,6 +320,7 @@ def describe(identity: dict | None = None) -> dict:
         "nodes": list(config.NODES),
         "gpus_per_node": config.GPUS_PER_NODE, "partition": config.PARTITION,
         "image": f"{image.IMAGE}:latest", "os_image": f"{image.OS_IMAGE}:latest",
+        "torch_image": f"{image.TORCH_IMAGE}:latest",
         "identity": identity or json.loads((STATE / "image.json").read_text()),
         "os_archive": str(CACHE / "image/os-oci.tar"),
         "registry": f"http://{config.REGISTRY}", "site_config": str(SITE_JSON),

@@ -1,6 +1,8 @@
-"""The test bed's container image, built here without Docker Hub: a Debian root file system (mmdebstrap), the shared
+"""The test bed's container images, built here without Docker Hub: a Debian root file system (mmdebstrap), the shared
 Python environment (TensorFlow, Horovod, ipykernel, ipyparallel) and jupyter-hpcdl, as three OCI layers (umoci),
-pushed to the registry on loopback (skopeo). Each layer is rebuilt only when what it is made of changes."""
+pushed to the registry on loopback (skopeo) as ``hpcdl/base``; ``hpcdl/torch`` is the same with PyTorch (from the
+same environment) as a fourth layer below jupyter-hpcdl's. Each layer is rebuilt only when what it is made of
+changes."""
 from __future__ import annotations
 
 import hashlib
@@ -14,12 +16,13 @@ from pathlib import Path
 
 IMAGE = "hpcdl/base"
 OS_IMAGE = "hpcdl/os"
+TORCH_IMAGE = "hpcdl/torch"
 SUITE = "bookworm"
 OS_PACKAGES = ("python3", "libopenmpi3", "openmpi-bin", "procps", "ca-certificates")
 IDENTITY_FILE = "etc/hpcdl-image.json"
-#: What of the shared environment stays out of the image: PyTorch (about 750 MB installed), whose ranks the bed's
-#: tests start natively; the bed's containers train with Horovod.
-HOST_ONLY = ("torch", "torch-*", "torchgen", "functorch")
+#: PyTorch's part of the shared environment (about 750 MB installed): its own layer, in ``hpcdl/torch`` only, so
+#: that the users who train with Horovod pull no more than before.
+TORCH_PARTS = ("torch", "torch-*", "torchgen", "functorch")
 
 
 def _sha(*parts: bytes | str) -> str:
@@ -66,8 +69,27 @@ def venv_layer(cache: Path, venv: Path) -> tuple[Path, str]:
         site = next((venv / "lib").glob("python3*/site-packages")).relative_to("/")
         bin_dir = (venv / "bin").relative_to("/")
         _run(["tar", "-C", "/", f"--exclude={site}/jupyter_hpcdl", f"--exclude={site}/jupyter_hpcdl-*",
-              f"--exclude={bin_dir}/hpcdl-*", *(f"--exclude={site}/{name}" for name in HOST_ONLY),
+              f"--exclude={bin_dir}/hpcdl-*", *(f"--exclude={site}/{name}" for name in TORCH_PARTS),
               f"--exclude={bin_dir}/torch*", "-cf", str(partial), str(venv.relative_to("/"))])
+        partial.rename(out)
+    return out, key
+
+
+def torch_layer(cache: Path, venv: Path) -> tuple[Path, str] | None:
+    """PyTorch from the shared environment, at the same path (None where it has none)."""
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    found = sorted(p for name in TORCH_PARTS for p in site.glob(name))
+    dist = [p for p in found if p.name.endswith(".dist-info")]
+    if not dist:
+        return None
+    key = _sha(str(venv), *(p.name for p in found))[:16]
+    out = cache / f"torch-{key}.tar"
+    if not out.exists():
+        for old in cache.glob("torch-*.tar"):
+            old.unlink()
+        partial = out.with_suffix(".partial.tar")
+        scripts = sorted(str(p.relative_to("/")) for p in (venv / "bin").glob("torch*"))
+        _run(["tar", "-C", "/", "-cf", str(partial), *(str(p.relative_to("/")) for p in found), *scripts])
         partial.rename(out)
     return out, key
 
@@ -89,12 +111,15 @@ def app_layer(work: Path, venv: Path, wheel: Path, identity: dict) -> Path:
 
 
 def build(cache: Path, venv: Path, wheel: Path, registry: str, state_file: Path) -> dict:
-    """Build (where needed) and push ``hpcdl/base:latest`` and ``hpcdl/os:latest``; return the image's identity."""
+    """Build (where needed) and push ``hpcdl/base:latest``, ``hpcdl/torch:latest`` (where the environment has
+    PyTorch) and ``hpcdl/os:latest``; return the build's identity."""
     cache.mkdir(parents=True, exist_ok=True)
     os_tar, os_key = os_layer(cache)
     venv_tar, venv_key = venv_layer(cache, venv)
-    build_id = _sha(os_key, venv_key, wheel.read_bytes())[:16]
-    identity = {"image": IMAGE, "build": build_id, "os": os_key, "venv": venv_key}
+    torch_found = torch_layer(cache, venv)
+    torch_key = torch_found[1] if torch_found else None
+    build_id = _sha(os_key, venv_key, str(torch_key), wheel.read_bytes())[:16]
+    identity = {"image": IMAGE, "build": build_id, "os": os_key, "venv": venv_key, "torch": torch_key}
     try:
         if json.loads(state_file.read_text()) == identity:
             return identity
@@ -112,16 +137,24 @@ def build(cache: Path, venv: Path, wheel: Path, registry: str, state_file: Path)
         _run(["umoci", "config", "--image", f"{layout}:{os_tag}", *env, "--config.cmd=/bin/bash"])
     if stack_tag not in tags:
         _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{os_tag}", "--tag", stack_tag, str(venv_tar)])
-    with tempfile.TemporaryDirectory(dir=cache) as work:
-        app_tar = app_layer(Path(work), venv, wheel, identity)
-        _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{stack_tag}", "--tag", final_tag, str(app_tar)])
-    _run(["umoci", "config", "--image", f"{layout}:{final_tag}", "--config.label=org.jupyter-hpcdl.build=" + build_id,
-          f"--config.cmd={venv}/bin/python3"])
+    finals = [(final_tag, stack_tag, IMAGE)]
+    if torch_found:
+        torch_tag = f"torch-{os_key}-{venv_key}-{torch_key}"
+        if torch_tag not in tags:
+            _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{stack_tag}", "--tag", torch_tag,
+                  str(torch_found[0])])
+        finals.append((f"torchbase-{build_id}", torch_tag, TORCH_IMAGE))
+    for tag, below, name in finals:
+        with tempfile.TemporaryDirectory(dir=cache) as work:
+            app_tar = app_layer(Path(work), venv, wheel, {**identity, "image": name})
+            _run(["umoci", "raw", "add-layer", "--image", f"{layout}:{below}", "--tag", tag, str(app_tar)])
+        _run(["umoci", "config", "--image", f"{layout}:{tag}", "--config.label=org.jupyter-hpcdl.build=" + build_id,
+              f"--config.cmd={venv}/bin/python3"])
     for tag in tags:  # earlier builds' tags, then their unreferenced blobs
-        if tag.startswith("base-") and tag != final_tag:
+        if tag.startswith(("base-", "torchbase-")) and tag not in {t for t, _, _ in finals}:
             _run(["umoci", "rm", "--image", f"{layout}:{tag}"])
     _run(["umoci", "gc", "--layout", str(layout)])
-    for tag, name in ((final_tag, IMAGE), (os_tag, OS_IMAGE)):
+    for tag, name in [*((t, n) for t, _, n in finals), (os_tag, OS_IMAGE)]:
         _run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:{tag}",
               f"docker://{registry}/{name}:latest"])
     # A plain OCI archive of the small OS image, for tests of `udocker load`.
