@@ -498,3 +498,61 @@ def test_a_batch_run_in_the_queue_says_why_is_cancelled_and_a_failing_one_gives_
     # srun's code: the highest of the ranks' (3, or 137 or 143 for a rank ended because the other failed first)
     assert out["failed_code"] in (3, 137, 143) and out["failed_state"] == "FAILED", out
     assert "about to fail" in out["failed_said"] and "Exited with exit code 3" in out["failed_said"], out
+
+
+TORCH_CODE = """
+import json, os, shutil
+from jupyter_hpcdl.training import TrainingSession
+from jupyter_hpcdl.training.examples import digits_shard, digits_torch_model
+
+where = os.path.expanduser("~/hpcdl-torch-test")
+os.makedirs(where, exist_ok=True)
+with open(os.path.join(where, "torchrun_digits.py"), "w") as f:
+    f.write(SCRIPT)
+session = TrainingSession(where="allocation", backend="torch")  # one rank per slot of the job: 4
+try:
+    world = session.start()
+    session.setup(digits_torch_model, digits_shard, loss="cross_entropy", metrics=["accuracy"],
+                  validation_data=digits_shard)
+    first = session.fit(epochs=2)
+    saved = session.checkpoint(os.path.join(where, "ckpt"))
+    steps = json.load(open(os.path.join(saved, "hpcdl.json")))["optimizer_steps"]
+    weights = session.weights_digest()
+    moved = session.rescale(2)
+    after = session.fit(epochs=1)
+    before = len(session.metrics)
+    ran = session.run_script(os.path.join(where, "torchrun_digits.py"), ["--epochs", "2"], echo=False)
+    script_rows = session.metrics.iloc[before:]
+    print(json.dumps({"world": [[w["rank"], w["node"], w["cuda_visible_devices"]] for w in world],
+                      "history": {str(k): v for k, v in first.history.items()},
+                      "metric_ranks": sorted({int(r) for r in session.metrics["rank"]}),
+                      "steps": steps, "weights": weights,
+                      "moved": [[r["weights"], r["iterations"]] for r in moved], "after": after.epochs_done,
+                      "new_world": sorted([w["rank"], w["node"]] for w in session.world),
+                      "script_exit": {str(k): v for k, v in ran.exit_codes.items()}, "script_out": ran.stdout[0],
+                      "script_ranks": sorted({int(r) for r in script_rows["rank"]}),
+                      "script_loss": bool(script_rows["loss"].notna().any())}))
+finally:
+    session.close()
+    shutil.rmtree(where, ignore_errors=True)
+"""
+
+
+def test_pytorch_ranks_on_two_nodes_in_containers_train_rescale_and_run_a_torchrun_script(bed):
+    """Alice's PyTorch work in her job (2 nodes, the PyTorch image): her module with Adam and a step schedule and a
+    validation set on 4 ranks, a checkpoint carried into 2 ranks with Adam's state, then an unchanged torchrun
+    script on the same ranks with live step metrics."""
+    from pathlib import Path
+    script = (Path(__file__).resolve().parent.parent / "examples" / "torchrun_digits.py").read_text()
+    result = _result_from_alices_kernel(
+        bed, {"nodes": 2, "gpus_per_node": 2, "walltime": "00:20:00", "image": "torch"},
+        f"SCRIPT = {script!r}\n" + TORCH_CODE)
+    assert result["world"] == [[0, "node1", "0"], [1, "node1", "1"], [2, "node2", "0"], [3, "node2", "1"]]
+    history = result["history"]
+    assert history["0"] == history["3"], "epoch metrics differ between ranks"
+    assert history["0"]["loss"][-1] < history["0"]["loss"][0] and "val_accuracy" in history["0"]
+    assert result["metric_ranks"] == [0, 1, 2, 3]
+    assert result["moved"] == [[result["weights"], result["steps"]]] * 2, "Adam's state did not come along"
+    assert [r for r, _ in result["new_world"]] == [0, 1] and result["after"] == 3
+    assert result["script_exit"] == {"0": 0, "1": 0} and "final loss" in result["script_out"]
+    assert result["script_ranks"] == [0, 1] and result["script_loss"], "the script's steps did not stream"

@@ -6,8 +6,8 @@ import hashlib
 import json
 import os
 import sys
-import textwrap
 import threading
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -122,38 +122,15 @@ def test_a_setup_without_a_loss_says_what_to_give(session):
     assert session.weights_digest() == before, "a failed setup left the built model alone"
 
 
-def torchrun_script(path):
-    path.write_text(textwrap.dedent("""
-        # a script written for torchrun, unchanged but for one optional line
-        import os, sys
-        import torch, torch.distributed as dist
-        dist.init_process_group("gloo")
-        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        assert dist.get_rank() == rank and dist.get_world_size() == size and "LOCAL_RANK" in os.environ
-        torch.manual_seed(0)
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        steps = int(sys.argv[1])
-        for step in range(steps):
-            x = torch.randn(32, 8)
-            loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
-            opt.zero_grad(); loss.backward(); opt.step()
-            try:
-                import jupyter_hpcdl
-                jupyter_hpcdl.report(loss=loss.item())
-            except ImportError:
-                pass
-        dist.destroy_process_group()
-        print("rank", rank, "of", size, "done")
-    """))
-    return path
+#: The example torchrun script the package ships (examples/), unchanged.
+TORCHRUN_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "torchrun_digits.py"
 
 
-def test_an_unchanged_torchrun_script_runs_on_the_ranks_with_live_steps(session, tmp_path):
+def test_an_unchanged_torchrun_script_runs_on_the_ranks_with_live_steps(session):
     before = len(session.metrics)
-    result = session.run_script(str(torchrun_script(tmp_path / "train.py")), ["60"], echo=False)
+    result = session.run_script(str(TORCHRUN_SCRIPT), ["--epochs", "2"], echo=False)
     assert result.ok and result.exit_codes == {0: 0, 1: 0}
-    assert "rank 1 of 2 done" in result.stdout[1]
+    assert "final loss" in result.stdout[0] and not result.stdout[1]
     steps = session.metrics.iloc[before:]
     assert set(steps["rank"]) == {0, 1} and steps["step_time_s"].gt(0).all()
     assert steps["loss"].notna().any()
@@ -183,3 +160,12 @@ def test_uneven_shards_at_three_ranks_finish_with_identical_weights():
         assert {b["steps_per_epoch"] for b in built} == {4}
         result = s.fit(epochs=2)  # raises WorldDiverged if the ranks' parameters differ
         assert result.epochs_done == 2 and set(result.history) == {0, 1, 2}
+
+
+def test_a_scaling_experiment_with_pytorch_keeps_the_model():
+    with TrainingSession(ranks=1, backend="torch") as s:
+        s.setup(digits_torch_model, digits_shard, loss="cross_entropy", metrics=["accuracy"])
+        trained = s.fit(epochs=1).weights
+        table = s.scaling([1, 2], epochs=1, mode="weak")
+        assert (s.ranks, s.weights_digest()) == (1, trained), "the trained model was not kept"
+    assert list(table["ranks"]) == [1, 2] and (table["throughput"] > 0).all()
