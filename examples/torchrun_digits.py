@@ -33,7 +33,9 @@ args = parser.parse_args()
 
 dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 rank, world_size, local_rank = dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"])
-device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+# torchrun shows every rank all of the node's GPUs; a batch system may bind one to each rank: either way this is
+# the rank's own
+device = torch.device("cuda", local_rank % torch.cuda.device_count()) if torch.cuda.is_available() else torch.device("cpu")
 
 x, y = load_digits(return_X_y=True)
 data = TensorDataset(torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y))
@@ -42,7 +44,7 @@ loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)).to(device)
-model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 loss_fn = torch.nn.CrossEntropyLoss()
 

@@ -59,6 +59,8 @@ class Image:
     ref: str
     description: str = ""
     training: bool = True  # False: no TensorFlow/Horovod in it (kernels run on the host's environment; no ranks)
+    #: The training backends whose stack the image holds, for the doctor to check (empty: the site's default one).
+    backends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,9 @@ class SiteProfile(Configurable):
     ).tag(config=True)
     accounts = Dict(help="User name (or '*') → accounts they may charge; no entry: no --account.").tag(config=True)
     images = Dict(help="Catalogue name → {ref: udocker image reference, description, training (default true; false: "
-                       "no TensorFlow/Horovod in it, which the doctor then does not check)}.").tag(config=True)
+                       "no TensorFlow/Horovod in it, which the doctor then does not check), backends (the training "
+                       "backends whose stack it holds, e.g. [\"horovod\", \"torch\"], which the doctor checks; "
+                       "default: the site's)}.").tag(config=True)
     limits = Dict(
         help="A user name, or 'group:NAME' for the members of a JupyterHub group → what they may ask for: "
              "partitions (list), images (list of catalogue names), max_nodes, max_gpus_per_node, max_walltime "
@@ -152,13 +156,22 @@ class SiteProfile(Configurable):
                 max_walltime=parse_walltime(p.get("max_walltime", "01:00:00")),
                 max_memory_gb=p.get("max_memory_gb"), gpu_types=tuple(p.get("gpu_types", ())),
                 description=str(p.get("description", "")))
-        images = {name: Image(name, check_image_ref(i["ref"]), str(i.get("description", "")), i.get("training", True) is not False)
+        images = {name: Image(name, check_image_ref(i["ref"]), str(i.get("description", "")),
+                              i.get("training", True) is not False, _backend_names(name, i.get("backends", ())))
                   for name, i in self.images.items()}
         accounts = {u: tuple(a) for u, a in self.accounts.items()}
         if not parts or not images:
             raise ValueError("the site profile needs at least one partition and one image (c.SiteProfile.partitions/images)")
         return Profile(parts, images, accounts, {key: _limits(key, rule, parts, images)
                                                  for key, rule in self.limits.items()})
+
+
+def _backend_names(image: str, names) -> tuple[str, ...]:
+    """An image's ``backends``: a list of plain names (the doctor loads them; an unknown one it reports)."""
+    if isinstance(names, str) or not all(isinstance(n, str) and _NAME.match(n) for n in names):
+        raise ValueError(f"SiteProfile.images[{image!r}]['backends'] must be a list of backend names, such as "
+                         f"['horovod', 'torch'], not {names!r}")
+    return tuple(names)
 
 
 LIMIT_KEYS = ("partitions", "images", "max_nodes", "max_gpus_per_node", "max_walltime", "reservation")

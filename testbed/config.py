@@ -193,7 +193,7 @@ c.SiteProfile.partitions = {{"{PARTITION}": {{"max_nodes": {len(NODES)}, "max_gp
                                          "description": "the same nodes, no GPU (workshops)"}}{typed}}}
 c.SiteProfile.accounts = {{"*": ["hpcdl"], "alice": ["hpcdl", "alice-project"]}}
 c.SiteProfile.images = {{"base": {{"ref": "hpcdl/base:latest", "description": "TensorFlow 2.15, Horovod 0.28.1"}},
-                        "torch": {{"ref": "hpcdl/torch:latest",
+                        "torch": {{"ref": "hpcdl/torch:latest", "backends": ["horovod", "torch"],
                                   "description": "PyTorch 2.13 (CPU), and TensorFlow 2.15 with Horovod 0.28.1"}},
                         "os": {{"ref": "hpcdl/os:latest", "description": "Debian 12 and Python, no TensorFlow",
                                "training": False}}}}

@@ -114,6 +114,17 @@ def test_the_launcher_says_what_to_fix():
     assert outside.returncode == 2 and "--local N" in outside.stderr
 
 
+def test_a_backend_that_cannot_launch_commands_is_refused_by_the_launcher_and_batch_runs(monkeypatch, tmp_path):
+    refused = subprocess.run([PY, "-m", "jupyter_hpcdl.job.launch", "--local=2", "--", "true"], capture_output=True,
+                             text=True, env={**ENV, "HPCDL_BACKEND": "torch"}, timeout=120)
+    assert refused.returncode == 2 and "'torch'" in refused.stderr and "run_script" in refused.stderr
+    monkeypatch.setenv("HPCDL_BACKEND", "torch")
+    monkeypatch.setenv("HPCDL_BATCH_ROOT", str(tmp_path / "runs"))
+    with pytest.raises(ValueError, match="batch runs of the 'torch' backend"):
+        BatchRun.submit(command=["true"], ranks=2, where="local")
+    assert not (tmp_path / "runs").exists(), "a refused run left its directory"
+
+
 @pytest.mark.ranks
 def test_a_local_batch_run_is_submitted_watched_and_collected(tmp_path, rank_script, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])

@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -330,3 +331,41 @@ def test_image_without_the_stack(bed, alice, alice_dir):
     assert any("has jupyter-hpcdl not installed" in m for m in messages)
     assert any("has no TensorFlow" in m for m in messages) and any("has no Horovod" in m for m in messages)
     assert any("lacks ipykernel, ipyparallel" in m for m in messages)
+
+
+TORCH_VERSIONS = {**GOOD_VERSIONS, "torch": "2.13.0+cpu", "torch_gloo": True, "torch_nccl": False, "torch_error": "",
+                  "torch_ddp": "", "backends": ["horovod", "torch"]}
+
+
+def with_torch(**changes) -> NodeFacts:
+    return replace(GOOD, images=(replace(GOOD_IMAGE, ref="hpcdl/torch:latest",
+                                         versions={**TORCH_VERSIONS, **changes}),))
+
+
+def test_an_image_the_catalogue_gives_two_backends_is_checked_for_both():
+    f = only(assess_node(with_torch(), EXPECT), "image versions")
+    assert f.status == OK and "Horovod 0.28.1" in f.message and "PyTorch 2.13.0+cpu (Gloo" in f.message, f.message
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"torch": None}, "has no PyTorch"),
+    ({"torch_error": "OSError: libgomp.so.1"}, "torch.distributed does not load: OSError"),
+    ({"torch_gloo": False}, "has no Gloo"),
+    ({"torch_ddp": "rank 1: exit 1: RuntimeError: Connection refused"}, "one DistributedDataParallel step"),
+    ({"horovod": None}, "has no Horovod"),  # the other backend the image is meant to hold
+])
+def test_a_pytorch_image_without_a_working_stack_fails_with_the_fix(changes, words):
+    findings = failed(by_check(assess_node(with_torch(**changes), EXPECT), "image versions"))
+    assert any(words in f.message and f.fix for f in findings), findings
+
+
+def test_the_pytorch_probe_runs_a_ddp_step_and_reports_it():
+    """The probe script itself (as the doctor runs it in a container), here with this environment's Python."""
+    torch = pytest.importorskip("torch")
+    from jupyter_hpcdl.backends import load_backend
+
+    done = subprocess.run([sys.executable, "-c", load_backend("torch").probe_script], capture_output=True, text=True,
+                          timeout=300)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("HPCDL-VERSIONS "))
+    v = json.loads(line.split(" ", 1)[1])
+    assert v["torch"] == torch.__version__ and v["torch_gloo"] and v["torch_ddp"] == "", v

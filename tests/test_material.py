@@ -3,14 +3,14 @@ file the user changed (the panel's "Get the notebooks" and ``hpcdl-notebooks`` s
 import json
 import os
 
-from jupyter_hpcdl.job.material import EXAMPLE_SCRIPT, FIRST, copy_notebooks, main, shipped
+from jupyter_hpcdl.job.material import EXAMPLE_SCRIPTS, FIRST, copy_notebooks, main, shipped
 
 
-def test_the_package_ships_the_notebooks_in_order_with_the_script_notebook_5_runs():
+def test_the_package_ships_the_notebooks_in_order_with_the_scripts_notebooks_5_and_7_run():
     files = shipped()
     notebooks = [n for n in files if n.endswith(".ipynb")]
-    assert notebooks[0] == FIRST and len(notebooks) == 6 and notebooks == sorted(notebooks)
-    assert EXAMPLE_SCRIPT in files
+    assert notebooks[0] == FIRST and len(notebooks) == 7 and notebooks == sorted(notebooks)
+    assert set(EXAMPLE_SCRIPTS) <= set(files)
     for name in notebooks:  # each opens on the job's container kernel (a plain Python kernel elsewhere)
         assert json.loads(files[name].read_text())["metadata"]["kernelspec"]["name"] == "hpcdl", name
 
@@ -23,14 +23,14 @@ def test_a_copy_adds_what_is_missing_and_never_overwrites_what_the_user_has(tmp_
     assert oct((dest / FIRST).stat().st_mode & 0o777) == "0o644"
 
     (dest / FIRST).write_text("my own edits")
-    (dest / EXAMPLE_SCRIPT).unlink()
+    (dest / EXAMPLE_SCRIPTS[0]).unlink()
     secret = tmp_path / "secret"
     secret.write_text("not for the notebooks")
     third = sorted(n for n in shipped() if n.endswith(".ipynb"))[2]
     (dest / third).unlink()
     (dest / third).symlink_to(secret)  # a link the user left: not followed, not replaced
     again = copy_notebooks(dest)
-    assert again.copied == [EXAMPLE_SCRIPT] and sorted(again.kept) == sorted([FIRST, third])
+    assert again.copied == [EXAMPLE_SCRIPTS[0]] and sorted(again.kept) == sorted([FIRST, third])
     assert (dest / FIRST).read_text() == "my own edits" and secret.read_text() == "not for the notebooks"
     assert "kept as you left them" in " ".join(again.lines())
     assert not [p for p in os.listdir(dest) if p.startswith(".")], "no temporary file left behind"

@@ -4,7 +4,8 @@ requirements.txt, then its postBuild, from the repository's root, as repo2docker
 with a summary of what it measured; its figures are checked here, not just that no cell raised.
 
 The Horovod wheel the installation built is offered to pip (``PIP_FIND_LINKS``), as pip's own cache would: building
-it again would add minutes and prove nothing about binder/."""
+it again would add minutes and prove nothing about binder/. PyTorch's CPU build comes from this machine's find-links
+(``HPCDL_TORCH_INDEX=none``: there is no internet here)."""
 from __future__ import annotations
 
 import glob
@@ -47,6 +48,14 @@ def _horovod_wheels() -> str:
     return " ".join(sorted(dirs))
 
 
+def _find_links() -> str:
+    """The Horovod wheels, and the find-links this machine's pip has already (where PyTorch's CPU build lies here):
+    ``PIP_FIND_LINKS`` replaces pip's configured value, so that is kept."""
+    configured = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"],
+                                capture_output=True, text=True).stdout.strip()
+    return " ".join(p for p in (_horovod_wheels(), os.environ.get("PIP_FIND_LINKS", ""), configured) if p)
+
+
 @pytest.fixture(scope="module")
 def binder_env(tmp_path_factory) -> Path:
     """A virtual environment from Debian's Python 3.11 (binder/runtime.txt) with binder/'s files applied."""
@@ -54,7 +63,8 @@ def binder_env(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("binder") / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
     env = {**os.environ, "PATH": f"{venv}/bin:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv),
-           "PIP_FIND_LINKS": _horovod_wheels(), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_FIND_LINKS": _find_links(), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "HPCDL_TORCH_INDEX": "none",  # no internet here: pip's find-links hold PyTorch's CPU build
            "YARN_CACHE_FOLDER": os.path.join(os.environ.get("HPCDL_DOWNLOADS", "/var/cache/jupyter-hpcdl-downloads"),
                                              "yarn")}
     env.pop("PYTHONPATH", None)
@@ -87,7 +97,8 @@ def executed(binder_env, tmp_path_factory) -> dict[str, dict]:
 
 def test_every_notebook_is_run_here():
     assert [n.stem for n in NOTEBOOKS] == ["01-first-training", "02-your-own-model-and-data", "03-scaling",
-                                          "04-checkpoint-resume-rescale", "05-horovod-script", "06-batch-mode"]
+                                          "04-checkpoint-resume-rescale", "05-horovod-script", "06-batch-mode",
+                                          "07-pytorch"]
 
 
 def test_first_training_trains_two_local_ranks_and_draws_its_charts(executed):
@@ -142,3 +153,12 @@ def test_batch_mode_submits_watches_and_collects_a_run_of_local_ranks(executed):
     assert json.loads((run / "status.json").read_text())["exit_code"] == 0
     assert len((run / "history.csv").read_text().splitlines()) == 5  # what the script wrote in its directory
     assert Path(s["chart"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_own_pytorch_model_learns_checkpoints_for_plain_pytorch_and_runs_a_torchrun_script(executed):
+    s = executed["07-pytorch"]
+    assert s["where"] == "local" and s["ranks"] == 2 and s["epochs"] == 4
+    assert s["history_rows"] == 4  # the user's callback, on rank 0, saw every epoch
+    assert s["val_accuracy"] > 0.7 and s["loss_last_epoch"] < s["loss_first_epoch"], s
+    assert s["checkpoint_matches"], "plain PyTorch did not read the ranks' parameters from the checkpoint"
+    assert s["script_exit_codes"] == {"0": 0, "1": 0} and s["script_ranks"] == [0, 1] and s["script_steps_streamed"] > 0

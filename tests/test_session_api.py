@@ -17,6 +17,7 @@ API = {
                 "checkpoint_dir='~/.jupyter-hpcdl/checkpoints', backend=None)",
     "alive": "property",
     "batch_size": "property",
+    "user_optimizer": "property",
     "batches_per_epoch": "property",
     "checkpoint": "(self, path)",
     "close": "(self)",

@@ -129,3 +129,13 @@ def test_a_kernels_ranks_default_to_the_image_it_runs_in_which_its_servers_offer
     assert kernel_image({}) == DEFAULT_IMAGE  # a kernel outside our containers
     with pytest.raises(ValueError, match="image: 'hpcdl/base:latest' is not offered"):
         within_offer(NewAllocation(walltime=30), 2, kernel_image({}), offer, "w01")
+
+
+def test_an_images_backends_are_a_list_of_names():
+    c = Config()
+    c.SiteProfile.partitions = {"gpu": {"max_nodes": 1}}
+    c.SiteProfile.images = {"torch": {"ref": "hpcdl/torch:latest", "backends": ["horovod", "torch"]}}
+    assert SiteProfile(config=c).snapshot().images["torch"].backends == ("horovod", "torch")
+    c.SiteProfile.images = {"torch": {"ref": "hpcdl/torch:latest", "backends": "torch; rm -rf /"}}
+    with pytest.raises(ValueError, match="must be a list of backend names"):
+        SiteProfile(config=c).snapshot()

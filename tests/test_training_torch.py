@@ -169,3 +169,28 @@ def test_a_scaling_experiment_with_pytorch_keeps_the_model():
         table = s.scaling([1, 2], epochs=1, mode="weak")
         assert (s.ranks, s.weights_digest()) == (1, trained), "the trained model was not kept"
     assert list(table["ranks"]) == [1, 2] and (table["throughput"] > 0).all()
+
+
+def failing_once_on_rank_0(marker: str):
+    """Callbacks whose rank-0 callback raises the first time (it leaves ``marker`` behind)."""
+    def callbacks(rank, size):
+        def fail(epoch, logs):
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                raise RuntimeError("the user's callback failed")
+        return [fail] if rank == 0 else []
+    return callbacks
+
+
+def test_a_rank_that_fails_mid_fit_ends_the_world_at_once_and_recover_goes_on(tmp_path):
+    """Rank 0's callback raises after the first epoch while rank 1 waits for it in the next gradient allreduce:
+    rank 0 leaves the world, so rank 1's collective fails then (not at its 30-minute deadline, nor as a stall)."""
+    with TrainingSession(ranks=2, backend="torch", stall_timeout=600) as s:
+        s.setup(digits_torch_model, digits_shard, loss="cross_entropy", seed=3,
+                callbacks=failing_once_on_rank_0(str(tmp_path / "failed")))
+        saved = s.checkpoint(str(tmp_path / "before"))
+        with pytest.raises(RankError, match="the user's callback failed") as failed:
+            s.fit(epochs=3)
+        assert "stall" not in str(failed.value)
+        s.recover(saved)
+        assert s.fit(epochs=1).epochs_done == 1

@@ -27,12 +27,17 @@ def load_backend(name: str | None = None) -> Backend:
     return _load(name or os.environ.get(BACKEND_ENV) or DEFAULT)
 
 
+def installed() -> dict[str, str]:
+    """Every backend that can be loaded here: its name and ``module:object``."""
+    return {**BUILTIN, **{ep.name: ep.value for ep in entry_points(group=GROUP)}}
+
+
 @functools.cache
 def _load(name: str) -> Backend:
-    found = {ep.name: ep.value for ep in entry_points(group=GROUP)}
-    target = found.get(name) or BUILTIN.get(name)
+    found = installed()
+    target = found.get(name)
     if target is None:
-        known = ", ".join(sorted({*found, *BUILTIN}))
+        known = ", ".join(sorted(found))
         raise ValueError(f"no training backend {name!r}: the backends installed here are {known} (name one of them "
                          f"with backend=..., or in {BACKEND_ENV}; another backend's package registers itself in the "
                          f"entry point group {GROUP!r})")
@@ -44,4 +49,4 @@ def _load(name: str) -> Backend:
     return backend
 
 
-__all__ = ["BACKEND_ENV", "Backend", "DEFAULT", "GROUP", "load_backend"]
+__all__ = ["BACKEND_ENV", "Backend", "DEFAULT", "GROUP", "installed", "load_backend"]

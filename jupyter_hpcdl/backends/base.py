@@ -29,6 +29,13 @@ class NpzFile:
     y: str = "y"
 
 
+def user_callbacks(callbacks, rank: int, size: int) -> list:
+    """The user's callbacks on rank ``rank``: a list, or a function ``(rank, size) -> list`` (e.g. one that writes
+    a log on rank 0 only)."""
+    made = callbacks(rank, size) if callable(callbacks) else callbacks
+    return list(made or [])
+
+
 @dataclass(frozen=True)
 class StackFinding:
     """One thing the doctor reports about an image's training stack: ``level`` is ``"fail"`` or ``"warn"``."""
@@ -54,6 +61,9 @@ class Backend(Protocol):
 
     #: The name it is registered under (entry point group ``jupyter_hpcdl.backends``).
     name: str
+    #: Whether ``hpcdl-launch`` (and ``BatchRun``) can start a user's command as its ranks: the command joins the
+    #: world itself from the environment ``rank_env`` gives (``hvd.init()``).
+    launches_commands: bool
 
     # -- rank: joining and leaving the world ---------------------------------------------------------------------
     #: ``join(env) -> dict``: set ``env`` (the world's variables) in this process, join the world, pick this rank's
@@ -107,8 +117,10 @@ class Backend(Protocol):
     check_allreduce: Callable[[], dict]
 
     # -- kernel and launcher: the world's environment and rendezvous ---------------------------------------------
-    def start_rendezvous(self, bind: str, hosts: Sequence[tuple[str, int]], size: int) -> Rendezvous:
-        """A rendezvous bound to ``bind`` only, started for ``size`` ranks over ``hosts`` (name, slots)."""
+    def start_rendezvous(self, bind: str, hosts: Sequence[tuple[str, int]], size: int,
+                         directory: str | None = None) -> Rendezvous:
+        """A rendezvous bound to ``bind`` only, started for ``size`` ranks over ``hosts`` (name, slots);
+        ``directory``: the session's private directory, for a rendezvous that meets in files (else the home)."""
 
     def rank_env(self, slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str,
                  timeout_s: float | None = None) -> dict[str, str]:

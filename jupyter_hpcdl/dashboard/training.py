@@ -99,7 +99,7 @@ class Dashboard(w.VBox):
             self.say(f"rescaling to {self.ranks.value} ranks")
             s.rescale(self.ranks.value)
             self.measure_epoch()
-        if not s.spec.user_compiled:  # a model compiled by the user follows its own optimizer's rate
+        if not s.user_optimizer:  # the user's own optimizer follows its own rate
             taken = s.set_lr(self.lr.value)
             if not all(math.isclose(lr, self.lr.value, rel_tol=1e-6) for lr in taken):
                 raise RuntimeError(f"the ranks did not take the learning rate {self.lr.value}: they have {taken}")
@@ -142,7 +142,7 @@ class Dashboard(w.VBox):
         s = self.session
         self.per_epoch = s.batches_per_epoch or 1
         self.batch_size.value, self.batch_size.disabled = s.batch_size, True  # fixed once the model is built
-        if s.spec is not None and s.spec.user_compiled:
+        if s.user_optimizer:
             self.lr.disabled = True
             self.lr.description = "learning rate (your optimizer's)"
 

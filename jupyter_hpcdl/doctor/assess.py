@@ -1,7 +1,7 @@
 """From a node's facts to findings, each with what to do: pure, so every message is tested on recorded facts."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jupyter_hpcdl.backends import load_backend
 from jupyter_hpcdl.containers.spec import FAST_MODE
@@ -18,6 +18,8 @@ class Expected:
     #: Images the catalogue marks as having no training stack (``"training": false``): kernels run in them (on the
     #: host's environment, bound in), training ranks do not, so their stack is not checked.
     without_stack: frozenset[str] = frozenset()
+    #: The pinned release of each other backend an image of the catalogue names (``pinned`` is the site's default's).
+    pins: dict[str, str | None] = field(default_factory=dict)
 
 
 def hub_callback(f: NodeFacts) -> Finding:
@@ -83,16 +85,18 @@ def _version_findings(img: ImageFacts, expect: Expected, node: str) -> list[Find
         out.append(Finding("image versions", FAIL, f"{img.ref} has jupyter-hpcdl {have or 'not installed'}, the hub host "
                            f"{expect.hpcdl_version}", f"rebuild and publish {img.ref} with jupyter-hpcdl "
                            f"{expect.hpcdl_version} (docs/admin.md, 'The image')", where=node))
-    backend = load_backend()
+    backends = [load_backend(name) for name in v.get("backends") or [None]]  # what the catalogue says it holds
     levels = {"fail": FAIL, "warn": WARN}
     out += [Finding("image versions", levels[f.level], f.message, f.fix, where=node)
-            for f in backend.assess_stack(v, img.ref, expect.pinned)]
+            for backend in backends
+            for f in backend.assess_stack(v, img.ref, expect.pins.get(backend.name, expect.pinned))]
     missing = [n for n in ("ipykernel", "ipyparallel") if not v.get(n)]
     if missing:
         out.append(Finding("image versions", FAIL, f"{img.ref} lacks {', '.join(missing)} (kernels and ranks run in "
                            "the container)", f"install {' '.join(missing)} in the image", where=node))
     if not out:
-        out.append(Finding("image versions", OK, f"{img.ref}: Python {v.get('python')}, {backend.stack_summary(v)}, "
+        out.append(Finding("image versions", OK, f"{img.ref}: Python {v.get('python')}, "
+                           f"{', '.join(backend.stack_summary(v) for backend in backends)}, "
                            f"jupyter-hpcdl {have}, ipykernel {v.get('ipykernel')}, ipyparallel "
                            f"{v.get('ipyparallel')}", where=node))
     return out

@@ -16,7 +16,7 @@ from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
 from jupyter_hpcdl import __version__
-from jupyter_hpcdl.backends import load_backend
+from jupyter_hpcdl.backends import installed, load_backend
 from jupyter_hpcdl.batchsystems.scheduler import JobRequest, load_scheduler
 from jupyter_hpcdl.containers.site import DEFAULT_SITE_CONFIG, SITE_CONFIG_ENV, load_site
 from jupyter_hpcdl.spawner.profile import Profile, SiteProfile
@@ -46,12 +46,16 @@ def hub_api_url(cfg: Config) -> str:
     return f"{scheme}://{ip}:{hub.get('hub_port') or 8081}{base}hub/api"
 
 
-def expected(without_stack: frozenset[str] = frozenset()) -> Expected:
+def expected(without_stack: frozenset[str] = frozenset(), backends: frozenset[str] = frozenset()) -> Expected:
+    """What the hub host's installation expects of the images: its version, and each backend's pinned release
+    (the site's default one and ``backends``, those the catalogue's images name)."""
     try:
-        pin = load_backend().pinned_version(requires("jupyter-hpcdl") or ())
+        requirements = requires("jupyter-hpcdl") or ()
     except PackageNotFoundError:
-        pin = None
-    return Expected(hpcdl_version=__version__, pinned=pin, without_stack=without_stack)
+        requirements = ()
+    return Expected(hpcdl_version=__version__, pinned=load_backend().pinned_version(requirements),
+                    without_stack=without_stack,
+                    pins={name: load_backend(name).pinned_version(requirements) for name in sorted(backends)})
 
 
 def _hub_user(args: argparse.Namespace) -> str | None:
@@ -127,12 +131,22 @@ def doctor(args: argparse.Namespace) -> list[Finding]:
     images = tuple(args.image) or tuple(i.ref for i in profile.images.values())
     # the catalogue's own word that an image has no training stack; an image asked for by --image is checked whole
     without_stack = frozenset() if args.image else frozenset(i.ref for i in profile.images.values() if not i.training)
-    timeout = args.timeout or 120 + args.step_timeout * (3 * len(images) + 2)  # pull, create, run per image
+    backends = {i.ref: list(i.backends) for i in profile.images.values() if i.backends and i.ref in images}
+    unknown = sorted({n for names in backends.values() for n in names} - set(installed()))
+    if unknown:
+        findings.append(Finding("site profile", FAIL, f"the catalogue's images name training backends not installed "
+                                f"on the hub host: {', '.join(unknown)} (installed: {', '.join(sorted(installed()))})",
+                                "install their packages beside jupyter-hpcdl, or correct the images' 'backends' in "
+                                "c.SiteProfile.images"))
+        backends = {ref: [n for n in names if n not in unknown] for ref, names in backends.items()}
+    # pull, create, run per image, and one more run for each backend beyond the first that an image names
+    timeout = args.timeout or 120 + args.step_timeout * (
+        3 * len(images) + 2 + sum(max(0, len(b) - 1) for b in backends.values()))
     nonce = secrets.token_hex(8)
     work = os.path.join(args.exchange_dir or os.path.join(target.home, DEFAULT_PARENT.removeprefix("~/")), nonce)
     probe_req = ProbeRequest(nonce=nonce, hub_url=url, result=f"{work}/result.json", images=images, gpus=args.gpus,
                              site_config=site_config if os.path.exists(site_config) else None,
-                             step_timeout=args.step_timeout)
+                             step_timeout=args.step_timeout, backends=backends)
     try:
         run_as(target.user, prepare, args.exchange_dir, nonce, _json(probe_req))
     except ExchangeError as e:
@@ -145,7 +159,8 @@ def doctor(args: argparse.Namespace) -> list[Finding]:
         facts, found = run_node_job(sched, target, env, probe_req, req, python, work, timeout)
         findings += found
         if facts is not None:
-            findings += assess_node(facts, expected(without_stack), site.registry)
+            findings += assess_node(facts, expected(without_stack, frozenset(n for b in backends.values() for n in b)),
+                                    site.registry)
     except ExchangeError as e:
         findings.append(Finding("shared home", FAIL, f"the exchange directory {work}: {e}",
                                 "the user's home (or --exchange-dir) must be writable by them"))

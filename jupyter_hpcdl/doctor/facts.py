@@ -16,6 +16,8 @@ class ProbeRequest:
     gpus: int = 1
     site_config: str | None = None
     step_timeout: float = 120.0  # for each udocker step and each command in a container
+    #: image reference → the training backends whose stack to probe in it (an image not named: the site's default)
+    backends: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

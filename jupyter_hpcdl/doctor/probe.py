@@ -11,6 +11,7 @@ import sys
 import urllib.error
 import urllib.request
 from dataclasses import asdict, replace
+from typing import Sequence
 from pathlib import Path
 
 from jupyter_hpcdl.containers.errors import ContainerError
@@ -39,7 +40,10 @@ def check_hub(url: str, timeout: float) -> tuple[int, str]:
         return 0, str(reason)
 
 
-def probe_image(ud: Udocker, ref: str, registry: str | None, timeout: float) -> ImageFacts:
+def probe_image(ud: Udocker, ref: str, registry: str | None, timeout: float,
+                backends: Sequence[str] = ()) -> ImageFacts:
+    """Pull (where needed) and start ``ref``, and run the probe of each of ``backends`` (the site's default where
+    none is named) in it."""
     facts = ImageFacts(ref)
     try:
         facts = replace(facts, present=ud.has_image(ref))
@@ -63,12 +67,16 @@ def probe_image(ud: Udocker, ref: str, registry: str | None, timeout: float) -> 
         except ContainerError as e:
             facts = replace(facts, container_mode="none", container_mode_reason=str(e))
         env = ["CUDA_VISIBLE_DEVICES"] if "CUDA_VISIBLE_DEVICES" in os.environ else []
-        done = ud.run(RunSpec(facts.container, ["python3", "-c", load_backend().probe_script], env_names=env), timeout=timeout)
-        line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("HPCDL-VERSIONS ")), None)
-        if done.returncode or line is None:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            return replace(facts, error=f"python3 in the container exited {done.returncode}: {' / '.join(tail)}")
-        facts = replace(facts, versions=json.loads(line.split(" ", 1)[1]))
+        versions: dict = {}
+        for backend in (load_backend(name) for name in (backends or [None])):  # each stack the image should hold
+            done = ud.run(RunSpec(facts.container, ["python3", "-c", backend.probe_script], env_names=env),
+                          timeout=timeout)
+            line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("HPCDL-VERSIONS ")), None)
+            if done.returncode or line is None:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+                return replace(facts, error=f"python3 in the container exited {done.returncode}: {' / '.join(tail)}")
+            versions.update(json.loads(line.split(" ", 1)[1]))
+        facts = replace(facts, versions={**versions, "backends": list(backends)})
         if nvidia and facts.nvidia_error == "":
             smi = ud.run(RunSpec(facts.container, ["nvidia-smi", "-L"], env_names=env), timeout=timeout)
             facts = replace(facts, nvidia_smi=(smi.stdout or smi.stderr).strip()[:1000])
@@ -102,7 +110,8 @@ def probe(req: ProbeRequest) -> NodeFacts:
                                             "to download its tools?)")
     except (ContainerError, FileNotFoundError, ValueError) as e:
         return replace(facts, udocker_error=str(e))
-    images = tuple(probe_image(ud, ref, site.registry, req.step_timeout) for ref in req.images)
+    images = tuple(probe_image(ud, ref, site.registry, req.step_timeout, req.backends.get(ref, ()))
+                   for ref in req.images)
     return replace(facts, images=images)
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 #: Where the notebooks go, under the user's home (the server's root directory).
 NOTEBOOKS_DIR = "hpcdl-notebooks"
 FIRST = "01-first-training.ipynb"
-#: The script notebook 5 runs, shipped beside the notebooks.
-EXAMPLE_SCRIPT = "horovod_keras_digits.py"
+#: The scripts notebooks 5 and 7 run (a Horovod one, a torchrun one), shipped beside the notebooks.
+EXAMPLE_SCRIPTS = ("horovod_keras_digits.py", "torchrun_digits.py")
 
 
 @dataclass
@@ -41,15 +41,14 @@ class CopyResult:
 
 
 def shipped() -> dict[str, Path]:
-    """The shipped files by name: the installed package's ``notebooks/`` (with the example script beside them), or
+    """The shipped files by name: the installed package's ``notebooks/`` (with the example scripts beside them), or
     a source checkout's ``notebooks/`` and ``examples/``."""
     package = Path(__file__).resolve().parent.parent
-    for notebooks, script in ((package / "notebooks", package / "notebooks" / EXAMPLE_SCRIPT),
-                              (package.parent / "notebooks", package.parent / "examples" / EXAMPLE_SCRIPT)):
+    for notebooks, scripts in ((package / "notebooks", package / "notebooks"),
+                               (package.parent / "notebooks", package.parent / "examples")):
         if (notebooks / FIRST).is_file():
             files = {p.name: p for p in sorted(notebooks.glob("*.ipynb"))}
-            if script.is_file():
-                files[EXAMPLE_SCRIPT] = script
+            files.update({name: scripts / name for name in EXAMPLE_SCRIPTS if (scripts / name).is_file()})
             return files
     raise FileNotFoundError(f"this installation of jupyter-hpcdl has no notebooks (looked in {package}/notebooks); "
                             "reinstall it from its wheel")

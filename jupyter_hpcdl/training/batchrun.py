@@ -33,6 +33,7 @@ from ..commands import end_group_by_id, start_group
 from ..containers.kernelspec import kernel_image
 from ..job.owner import SOCKET_ENV, owner_socket, request
 from ..atomic import write_json
+from ..backends import BACKEND_ENV, load_backend
 from ..jobvalues import check_name, parse_walltime
 from ..job.newjob import NewAllocation, batch_run_script, check_job_dir
 
@@ -151,6 +152,11 @@ class BatchRun:
         as its own tasks do), ranks in the container of ``image`` (by default the one this kernel runs in). Locally: ``ranks``
         processes, ended at the walltime. Returns once the run is submitted (or started), not when it ends."""
         where = _resolve(where)
+        backend = load_backend()
+        if not backend.launches_commands:
+            raise ValueError(f"batch runs of the {backend.name!r} backend (the site's {BACKEND_ENV}) are not supported "
+                             "yet: run the script on a TrainingSession's ranks (session.run_script), or set "
+                             f"{BACKEND_ENV}=horovod for Horovod ranks")
         if (script is None) == (command is None):
             raise ValueError("give the script to run (and its args), or a command, not both")
         check_name("name", name)

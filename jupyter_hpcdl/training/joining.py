@@ -8,10 +8,11 @@ from .placement import Engines
 
 
 def gloo_envs(backend: Backend, engines: Engines, ranks: int, iface: str | None = None,
-              timeout_s: float | None = None):
-    """Start a rendezvous for this world (bound to the ranks' address, answering only with its secret); it and
-    each rank's Gloo environment, in rank order (Gloo waiting up to ``timeout_s`` for the other ranks)."""
-    rendezvous = backend.start_rendezvous(engines.addr, engines.hosts, ranks)
+              timeout_s: float | None = None, directory: str | None = None):
+    """Start a rendezvous for this world (bound to the ranks' address, answering only with its secret; or a file
+    store in ``directory``, the session's private one); it and each rank's environment, in rank order (waiting up
+    to ``timeout_s`` for the other ranks)."""
+    rendezvous = backend.start_rendezvous(engines.addr, engines.hosts, ranks, directory)
     iface = iface or iface_for(engines.addr)
     return rendezvous, [backend.rank_env(s, rendezvous.rank_address(engines.addr), rendezvous.port, iface, timeout_s)
                         for s in plan_slots(engines.hosts)]

@@ -75,7 +75,7 @@ class RankWorld:
             if join.kind == "gloo":
                 # joining has the start's deadline, not Gloo's own 30 s (imports on a loaded node take longer)
                 self.rendezvous, envs = gloo_envs(self.backend, engines, options.ranks, join.iface,
-                                                  options.start_timeout)
+                                                  options.start_timeout, options.session_dir)
             else:
                 envs = mpi_envs(self.backend, engines)
             # every engine joins at once (hvd.init waits for all ranks)

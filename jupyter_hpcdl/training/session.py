@@ -220,6 +220,14 @@ class TrainingSession:
         return self.spec.batch_size if self.spec else None
 
     @property
+    def user_optimizer(self) -> bool:
+        """Whether the ranks train with your own optimizer (a Keras model you compiled, or the optimizer your
+        ``model_fn`` returned to the torch backend): its learning rate is yours to set, not the dashboard's."""
+        if not self.built:
+            return False
+        return bool(self.built[0].get("user_optimizer", self.spec.user_compiled))
+
+    @property
     def seed(self) -> int | None:
         return self.spec.seed if self.spec else None
 

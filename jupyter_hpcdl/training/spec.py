@@ -93,7 +93,8 @@ def make_spec(model_fn, data, loss=None, metrics: Sequence = (), lr: float | Non
     if loss is None and (lr is not None or metrics):
         raise ValueError("lr and metrics go with loss= (the short form, compiled by the session with SGD); a model "
                          "you compile yourself in model_fn brings its own optimizer and metrics")
-    short = ShortCompile(loss, tuple(metrics), 0.01 if lr is None else float(lr)) if loss is not None else None
+    named = tuple(metrics.items()) if isinstance(metrics, dict) else tuple(metrics)  # a dict: (name, metric) pairs
+    short = ShortCompile(loss, named, 0.01 if lr is None else float(lr)) if loss is not None else None
     spec = TrainingSpec(model_fn, check_data(data), batch_size, check_data(validation_data, "validation_data"),
                         short, callbacks if callable(callbacks) else tuple(callbacks), scale_lr=bool(scale_lr),
                         shuffle=bool(shuffle), steps_per_epoch=steps_per_epoch)

@@ -18,6 +18,7 @@ class HorovodBackend:
     """The :class:`~jupyter_hpcdl.backends.base.Backend` of Horovod (rank members are this package's functions)."""
 
     name = "horovod"
+    launches_commands = True
 
     join = staticmethod(training.join)
     leave = staticmethod(training.leave)
@@ -39,7 +40,7 @@ class HorovodBackend:
 
     probe_script = stack.PROBE_SCRIPT
 
-    def start_rendezvous(self, bind: str, hosts: Sequence[tuple[str, int]], size: int):
+    def start_rendezvous(self, bind: str, hosts: Sequence[tuple[str, int]], size: int, directory: str | None = None):
         return environment.start_rendezvous(bind, hosts, size)
 
     def rank_env(self, slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str,

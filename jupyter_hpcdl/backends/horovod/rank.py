@@ -11,7 +11,8 @@ import socket
 from . import hvd
 from . import checkpoint as checkpoints
 from ..publication import TrainingStopped
-from .rank_callbacks import make_callbacks, ordered, user_callbacks
+from ..base import user_callbacks
+from .rank_callbacks import make_callbacks, ordered
 from .rank_data import batches_per_pass, load_shard, training_stream, validation_stream
 
 _STATE: dict = {}

@@ -94,12 +94,6 @@ def make_callbacks(progress: dict, stop_file: str, batch_size: int | None, publi
     return [Publisher(), StopWhenAsked(), Count()]
 
 
-def user_callbacks(callbacks, rank: int, size: int) -> list:
-    """The user's callbacks: a list, or a function ``(rank, size) -> list`` (e.g. a ModelCheckpoint on rank 0 only)."""
-    made = callbacks(rank, size) if callable(callbacks) else callbacks
-    return list(made or [])
-
-
 def ordered(first: list, user: list, ours: list) -> list:
     """Broadcast first, then metric averaging, so the user's callbacks (and ours) see averaged epoch metrics."""
     return [*first, hvd.metric_average_callback(), *user, *ours]

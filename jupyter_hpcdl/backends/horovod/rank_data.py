@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base import NpzFile
+from ..sharding import array_shard, checked_pair, npz_shard, pass_seed
 
 
 @dataclass
@@ -27,26 +28,19 @@ class Shard:
 
 def load_shard(data, rank: int, size: int) -> Shard | None:
     """The user's data in any of its forms (see ``spec.check_data``) as this rank's shard."""
-    import numpy as np
     import tensorflow as tf
 
     if data is None:
         return None
     if isinstance(data, NpzFile):
-        with np.load(data.path, mmap_mode="r") as arrays:
-            missing = [k for k in (data.x, data.y) if k not in arrays.files]
-            if missing:
-                raise ValueError(f"{data.path} has no array {missing[0]!r} (it has {', '.join(arrays.files)})")
-            return Shard(np.asarray(arrays[data.x][rank::size]), np.asarray(arrays[data.y][rank::size]))
+        return Shard(*npz_shard(data, rank, size))
     if isinstance(data, tuple):
-        return Shard(data[0][rank::size], data[1][rank::size])
+        return Shard(*array_shard(*data, rank, size))
     made = data(rank, size)
     if isinstance(made, tf.data.Dataset):
         return Shard(dataset=made)
     if isinstance(made, (tuple, list)) and len(made) == 2:
-        if len(made[0]) != len(made[1]):
-            raise ValueError(f"the data function gave rank {rank} {len(made[0])} x but {len(made[1])} y")
-        return Shard(made[0], made[1])
+        return Shard(*checked_pair(made, rank))
     raise ValueError(f"the data function must return (x, y) or a batched tf.data.Dataset, not {type(made).__name__}")
 
 
@@ -85,7 +79,7 @@ def training_stream(shard: Shard, batch_size: int, seed: int, rank: int, shuffle
         n = shard.samples
 
         def one_pass(p):
-            passed = base.shuffle(n, seed=tf.cast(seed, tf.int64) * 1_000_003 + rank * 7_919 + p,
+            passed = base.shuffle(n, seed=tf.constant(pass_seed(seed, rank, 0), tf.int64) + p,
                                   reshuffle_each_iteration=False) if shuffle else base
             return passed.batch(batch_size)
 

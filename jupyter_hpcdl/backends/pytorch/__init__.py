@@ -18,6 +18,7 @@ class TorchBackend:
     """The :class:`~jupyter_hpcdl.backends.base.Backend` of PyTorch (rank members are this package's functions)."""
 
     name = "torch"
+    launches_commands = False  # a torchrun script's init_process_group() would need a TCP store: not offered
 
     join = staticmethod(training.join)
     leave = staticmethod(training.leave)
@@ -39,8 +40,8 @@ class TorchBackend:
 
     probe_script = stack.PROBE_SCRIPT
 
-    def start_rendezvous(self, bind: str, hosts: Sequence[tuple[str, int]], size: int):
-        return store.FileRendezvous()
+    def start_rendezvous(self, bind: str, hosts: Sequence[tuple[str, int]], size: int, directory: str | None = None):
+        return store.FileRendezvous(directory)
 
     def rank_env(self, slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str,
                  timeout_s: float | None = None) -> dict[str, str]:

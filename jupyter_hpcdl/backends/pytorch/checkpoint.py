@@ -33,8 +33,25 @@ class Saved:
 
 
 def _fsync(path: str) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
+    """``path`` (a file or a directory's entries) on disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _on_cpu(state):
+    """A state dict with every tensor copied to the CPU, so that a machine without the GPU loads it as it is."""
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu()
+    if isinstance(state, dict):
+        return {k: _on_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_on_cpu(v) for v in state)
+    return state
 
 
 def save(path: str, model, optimizer, scheduler, progress: Progress, optimizer_steps: int, keep: int = 2) -> str:
@@ -44,23 +61,25 @@ def save(path: str, model, optimizer, scheduler, progress: Progress, optimizer_s
 
     path = check_target(path)
     os.makedirs(path, exist_ok=True)
-    name = f"{PREFIX}epoch{progress.epochs_done}-batch{progress.batches_done}-{time.time_ns()}"
+    for stale in (d for d in os.listdir(path) if d.startswith(".partial-")):  # a save that was killed half-way
+        shutil.rmtree(os.path.join(path, stale), ignore_errors=True)
+    name = f"{PREFIX}{time.time_ns():020d}-epoch{progress.epochs_done}-batch{progress.batches_done}"
     partial = tempfile.mkdtemp(prefix=".partial-", dir=path)
     try:
         parts = {"model.pt": model.state_dict(), "optimizer.pt": optimizer.state_dict()}
         if scheduler is not None:
             parts["scheduler.pt"] = scheduler.state_dict()
         for file, state in parts.items():
-            torch.save(state, os.path.join(partial, file))
+            torch.save(_on_cpu(state), os.path.join(partial, file))
             _fsync(os.path.join(partial, file))
         os.rename(partial, os.path.join(path, name))
+        _fsync(path)  # the new directory's name is on disk before the manifest names it
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     write_json(os.path.join(path, MANIFEST), {"format": FORMAT, "latest": name, "files": sorted(parts),
                                               "optimizer_steps": optimizer_steps, **asdict(progress)})
-    older = sorted((d for d in os.listdir(path) if d.startswith(PREFIX) and d != name),
-                   key=lambda d: os.stat(os.path.join(path, d)).st_mtime)
+    older = sorted(d for d in os.listdir(path) if d.startswith(PREFIX) and d != name)  # by the time in the name
     for old in older[:max(0, len(older) - (keep - 1))]:
         shutil.rmtree(os.path.join(path, old), ignore_errors=True)
     return path

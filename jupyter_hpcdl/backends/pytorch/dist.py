@@ -12,7 +12,7 @@ import os
 #: and of every collective, in seconds.
 STORE_ENV = "HPCDL_TORCH_STORE"
 TIMEOUT_ENV = "HPCDL_TORCH_TIMEOUT"
-DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = 1800.0  # PyTorch's own for Gloo; the kernel's stall watch ends a world that hangs sooner
 
 
 def device():
@@ -24,9 +24,22 @@ def device():
     return torch.device("cpu")
 
 
+def _gpu_each() -> bool:
+    """Whether this rank has a GPU of its own: it sees one per rank of its node, or the job bound one to it
+    (``CUDA_VISIBLE_DEVICES`` of one device, as a rank's task gets)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    bound = visible != "" and len(visible.split(",")) == 1
+    return bound or torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def init() -> dict:
     """Join the world that the environment describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, the store); this
-    rank's place in it. Gloo on the CPU, NCCL where the rank has a GPU. Joining again is a no-op."""
+    rank's place in it. NCCL for CUDA tensors where every rank has a GPU of its own (the ranks agree on it through
+    the store), Gloo for the rest: ranks that share a GPU train over Gloo. Joining again is a no-op."""
     import torch
     import torch.distributed as dist
 
@@ -35,13 +48,17 @@ def init() -> dict:
         if missing:
             raise RuntimeError(f"this process has no torch world to join ({', '.join(missing)} unset): the session "
                                "or hpcdl-launch sets them for its ranks")
-        world_size = int(os.environ["WORLD_SIZE"])
+        world_size, me = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
         timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
-        gpu = torch.cuda.is_available() and dist.is_nccl_available()
-        if gpu:
+        store = dist.FileStore(os.environ[STORE_ENV], world_size)
+        store.set_timeout(timeout)
+        mine = _gpu_each() and dist.is_nccl_available()
+        store.set(f"hpcdl/nccl/{me}", "1" if mine else "0")
+        nccl = all(store.get(f"hpcdl/nccl/{r}") == b"1" for r in range(world_size))  # waits for every rank
+        if nccl:
             torch.cuda.set_device(device())
-        dist.init_process_group("nccl" if gpu else "gloo", store=dist.FileStore(os.environ[STORE_ENV], world_size),
-                                rank=int(os.environ["RANK"]), world_size=world_size, timeout=timeout)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if nccl else "gloo", store=store, rank=me,
+                                world_size=world_size, timeout=timeout)
     return {"rank": rank(), "size": size(), "local_rank": local_rank()}
 
 
@@ -65,9 +82,9 @@ def _allreduce(values: list[float], op) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device())
+    tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)  # on the CPU: Gloo, no GPU sync
     dist.all_reduce(tensor, op=op)
-    return [float(v) for v in tensor.cpu().tolist()]
+    return [float(v) for v in tensor.tolist()]
 
 
 def allreduce_max(values: list[float], name: str = "") -> list[float]:

@@ -20,6 +20,8 @@ class ModelParts:
     scheduler: Any
     loss: Callable
     metrics: dict[str, Callable] = field(default_factory=dict)
+    #: Whether the optimizer is the user's own (``set_lr`` then is theirs to call), not the short form's SGD.
+    user_optimizer: bool = True
 
 
 def accuracy(output, target):
@@ -41,13 +43,16 @@ def loss_of(loss) -> Callable:
 
 
 def metrics_of(metrics) -> dict[str, Callable]:
-    """``metrics``: names ("accuracy"), callables (named by their ``__name__``), or a dict of name to callable."""
+    """``metrics``: names ("accuracy"), callables (named by their ``__name__``), ``(name, callable)`` pairs, or a
+    dict of name to callable."""
     if isinstance(metrics, dict):
         items = list(metrics.items())
     else:
         items = []
         for m in metrics:
-            if m in ("accuracy", "acc"):
+            if isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str):
+                items.append(m)
+            elif m in ("accuracy", "acc"):
                 items.append(("accuracy", accuracy))
             elif callable(m):
                 items.append((getattr(m, "__name__", type(m).__name__), m))
@@ -85,9 +90,11 @@ def model_parts(made, compile_spec) -> ModelParts:
     if compile_spec is None:
         raise ValueError("give the loss to setup(): loss=torch.nn.CrossEntropyLoss() (or another callable "
                          "(output, target), or a name such as 'cross_entropy'); metrics=['accuracy'] adds accuracy")
+    user_optimizer = optimizer is not None
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=compile_spec.lr)
-    return ModelParts(model, optimizer, scheduler, loss_of(compile_spec.loss), metrics_of(compile_spec.metrics))
+    return ModelParts(model, optimizer, scheduler, loss_of(compile_spec.loss), metrics_of(compile_spec.metrics),
+                      user_optimizer)
 
 
 def scale_learning_rate(parts: ModelParts, factor: float) -> None:

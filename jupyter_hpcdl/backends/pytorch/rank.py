@@ -9,6 +9,7 @@ import os
 import socket
 import time
 
+from ..base import user_callbacks
 from ..progress import Progress
 from ..publication import TrainingStopped
 from . import checkpoint, dist
@@ -74,7 +75,8 @@ def build(spec) -> dict:
                   steps=spec.steps_per_epoch or steps, device=device,
                   progress={"epochs_done": 0, "batches_done": 0, "optimizer_steps": 0})
     return {"rank": rank, "samples": shard.samples, "steps_per_epoch": _STATE["steps"], "batches_per_pass": mine,
-            "optimizer": type(parts.optimizer).__name__, "learning_rate": current_lr(parts.optimizer)}
+            "optimizer": type(parts.optimizer).__name__, "learning_rate": current_lr(parts.optimizer),
+            "user_optimizer": parts.user_optimizer}
 
 
 def _figures(parts, output, target) -> list[float]:
@@ -107,20 +109,18 @@ def evaluate() -> dict[str, float]:
     return {f"val_{k}": v for k, v in _averaged(names, sums, count).items()}
 
 
-def _user_callbacks(callbacks, rank: int, size: int) -> list:
-    made = callbacks(rank, size) if callable(callbacks) else callbacks
-    return list(made or [])
-
-
 def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 20, min_interval: float = 0.0) -> dict:
     """Train ``epochs`` more epochs; this rank's history, whether it was stopped, and a digest of its parameters.
     The user's callbacks are called after each epoch as ``callback(epoch, logs)`` (or their ``on_epoch_end``)."""
     import torch
 
+    if "wrapped" not in _STATE:
+        raise RuntimeError("this rank has no model in a world: setup() builds one; after a rank failed, recover() "
+                           "the session (from a checkpoint) to train again")
     parts, wrapped, spec, progress = _STATE["parts"], _STATE["wrapped"], _STATE["spec"], _STATE["progress"]
     rank, size = dist.rank(), dist.size()
     watch = StepWatch(stop_file, publish_every, check_every, min_interval)
-    callbacks = _user_callbacks(spec.callbacks, rank, size)
+    callbacks = user_callbacks(spec.callbacks, rank, size)
     stream = training_stream(_STATE["shard"], spec.batch_size, spec.seed, rank, spec.shuffle,
                              progress["batches_done"], _STATE["per_pass"], _STATE["device"])
     names = ["loss", *parts.metrics]
@@ -147,11 +147,13 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
                 sums = [s + v * n for s, v in zip(sums, values)]
                 count += n
                 watch.step(epoch, batch, started, n, values[0], dict(zip(names[1:], values[1:])))
-            if parts.scheduler is not None:
-                parts.scheduler.step()
             logs = _averaged(names, sums, count)
             if _STATE["validation"] is not None:
                 logs.update(evaluate())
+            if isinstance(parts.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                parts.scheduler.step(logs.get("val_loss", logs.get("loss")))
+            elif parts.scheduler is not None:
+                parts.scheduler.step()
             for key, value in logs.items():
                 history.setdefault(key, []).append(value)
             progress["epochs_done"] += 1
@@ -160,8 +162,19 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
             watch.epoch_end(epoch, logs)
     except TrainingStopped as e:
         stopped = str(e)
+    except BaseException:
+        end_world()
+        raise
     return {"rank": rank, "history": history, "stopped": stopped, "epochs_done": progress["epochs_done"],
             "weights": weights_digest()}
+
+
+def end_world() -> None:
+    """After this rank failed where its peers wait in a collective (a gradient allreduce, an agreement): leave the
+    world, so that their collective fails at once (its connections to this rank close) instead of at its deadline;
+    each rank's error reaches the kernel, and the session's ``recover()`` starts a new world."""
+    _STATE.pop("wrapped", None)
+    dist.shutdown()
 
 
 def shard_size() -> dict:
@@ -202,9 +215,19 @@ def save(path: str) -> str | None:
 
 def load(path: str) -> dict:
     """Every rank reads the checkpoint (on the shared file system) and continues from it: the same parameters,
-    optimizer state, scheduler, epoch, and — in a world of the same size — the same place in the data."""
-    parts = _STATE["parts"]
-    saved = checkpoint.load(path, parts.model, parts.optimizer, parts.scheduler, _STATE["device"])
+    optimizer state, scheduler, epoch, and — in a world of the same size — the same place in the data. The ranks
+    agree that each read it (one collective every rank joins), so none goes on with other weights."""
+    parts, failure, saved = _STATE["parts"], None, None
+    try:
+        saved = checkpoint.load(path, parts.model, parts.optimizer, parts.scheduler, _STATE["device"])
+    except Exception as e:  # noqa: BLE001 - re-raised below, after the collective every rank must join
+        failure = e
+    others_failed = dist.allreduce_max([float(failure is not None)], "hpcdl.load")[0] > 0
+    if failure is not None:
+        raise failure
+    if others_failed:
+        raise RuntimeError("another rank could not read the checkpoint (its own error is reported too): this "
+                           "rank's model is loaded from it, resume again once every rank can read it")
     _STATE["progress"] = {"epochs_done": saved.progress.epochs_done,
                           "batches_done": saved.progress.start_batch(dist.size(), _STATE["steps"]),
                           "optimizer_steps": saved.optimizer_steps}

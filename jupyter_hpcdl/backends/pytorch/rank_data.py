@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..base import NpzFile
+from ..sharding import array_shard, checked_pair, npz_shard, pass_seed
 
 
 @dataclass
@@ -40,19 +41,14 @@ def load_shard(data, rank: int, size: int) -> Shard | None:
     """The user's data in any of its forms (see ``spec.check_data``) as this rank's shard: ``(x, y)`` arrays or
     tensors (every size-th sample), a ``.npz`` file, or a function ``(rank, size)`` returning this rank's ``(x, y)``,
     a map-style ``Dataset`` of ``(x, y)`` samples or a ``DataLoader`` of ``(x, y)`` batches."""
-    import numpy as np
     from torch.utils.data import Dataset
 
     if data is None:
         return None
     if isinstance(data, NpzFile):
-        with np.load(data.path, mmap_mode="r") as arrays:
-            missing = [k for k in (data.x, data.y) if k not in arrays.files]
-            if missing:
-                raise ValueError(f"{data.path} has no array {missing[0]!r} (it has {', '.join(arrays.files)})")
-            return Shard(np.asarray(arrays[data.x][rank::size]), np.asarray(arrays[data.y][rank::size]))
+        return Shard(*npz_shard(data, rank, size))
     if isinstance(data, tuple):
-        return Shard(data[0][rank::size], data[1][rank::size])
+        return Shard(*array_shard(*data, rank, size))
     made = data(rank, size)
     if _is_loader(made) or isinstance(made, Dataset):
         if not _is_loader(made) and not hasattr(made, "__len__"):
@@ -60,9 +56,7 @@ def load_shard(data, rank: int, size: int) -> Shard | None:
                              "and give steps_per_epoch=")
         return Shard(dataset=made)
     if isinstance(made, (tuple, list)) and len(made) == 2:
-        if len(made[0]) != len(made[1]):
-            raise ValueError(f"the data function gave rank {rank} {len(made[0])} x but {len(made[1])} y")
-        return Shard(made[0], made[1])
+        return Shard(*checked_pair(made, rank))
     raise ValueError("the data function must return (x, y), a torch Dataset of (x, y) samples or a DataLoader of "
                      f"(x, y) batches, not {type(made).__name__}")
 
@@ -86,15 +80,27 @@ def batches_per_pass(shard: Shard, batch_size: int, steps_per_epoch: int | None 
     return -(-shard.samples // batch_size)
 
 
-def as_tensor(value, device):
-    """A batch's part as a tensor on ``device``; floating arrays in torch's default dtype (NumPy's float64 would
-    not meet a model's float32 weights)."""
+def from_arrays(x, y) -> tuple:
+    """A batch of the user's arrays as tensors: NumPy's float64 in torch's default dtype (a model's weights are
+    float32), integer labels as int64 (what ``cross_entropy`` takes); tensors as they are."""
+    import numpy as np
     import torch
 
-    tensor = torch.as_tensor(value)
-    if tensor.is_floating_point() and tensor.dtype != torch.get_default_dtype():
-        tensor = tensor.to(torch.get_default_dtype())
-    return tensor.to(device, non_blocking=True)
+    def tensor(value, labels: bool):
+        if isinstance(value, torch.Tensor):
+            return value
+        array = np.asarray(value)
+        if array.dtype == np.float64:
+            return torch.from_numpy(array).to(torch.get_default_dtype())
+        if labels and np.issubdtype(array.dtype, np.integer):
+            return torch.from_numpy(array.astype(np.int64, copy=False))
+        return torch.as_tensor(array)
+
+    return tensor(x, False), tensor(y, True)
+
+
+def to_device(batch: tuple, device) -> tuple:
+    return tuple(part.to(device, non_blocking=True) for part in batch)
 
 
 def _pair(batch) -> tuple:
@@ -103,28 +109,25 @@ def _pair(batch) -> tuple:
     return batch[0], batch[1]
 
 
-def _pass_seed(seed: int, rank: int, p: int) -> int:
-    return (seed * 1_000_003 + rank * 7_919 + p) % 2**63
-
-
 def one_pass(shard: Shard, batch_size: int, seed: int, rank: int, p: int, shuffle: bool) -> Iterator[tuple]:
-    """The batches of pass ``p`` over the shard, as ``(x, y)`` pairs not yet on a device."""
+    """The batches of pass ``p`` over the shard, as ``(x, y)`` tensors not yet on a device (a ``Dataset``'s samples
+    collated by the ``DataLoader``, the user's ``DataLoader``'s batches as it gives them)."""
     import numpy as np
     import torch
     from torch.utils.data import DataLoader
 
     if shard.dataset is None:
         n = shard.samples
-        order = np.random.default_rng(_pass_seed(seed, rank, p)).permutation(n) if shuffle else np.arange(n)
+        order = np.random.default_rng(pass_seed(seed, rank, p)).permutation(n) if shuffle else np.arange(n)
         for start in range(0, n, batch_size):
             index = order[start:start + batch_size]
             x, y = shard.x, shard.y
-            yield (x[torch.as_tensor(index)] if isinstance(x, torch.Tensor) else x[index],
-                   y[torch.as_tensor(index)] if isinstance(y, torch.Tensor) else y[index])
+            yield from_arrays(x[torch.as_tensor(index)] if isinstance(x, torch.Tensor) else x[index],
+                              y[torch.as_tensor(index)] if isinstance(y, torch.Tensor) else y[index])
         return
     loader = shard.dataset if _is_loader(shard.dataset) else DataLoader(
         shard.dataset, batch_size=batch_size, shuffle=shuffle,
-        generator=torch.Generator().manual_seed(_pass_seed(seed, rank, p)))
+        generator=torch.Generator().manual_seed(pass_seed(seed, rank, p)))
     for batch in loader:
         yield _pair(batch)
 
@@ -137,7 +140,7 @@ def training_stream(shard: Shard, batch_size: int, seed: int, rank: int, shuffle
         i = -1
         for i, (x, y) in enumerate(one_pass(shard, batch_size, seed, rank, p, shuffle)):
             if i >= offset:
-                yield as_tensor(x, device), as_tensor(y, device)
+                yield to_device((x, y), device)
         if i < 0:
             raise ValueError(f"pass {p} over this rank's data gave no batch (an exhausted iterator?): a DataLoader "
                              "must give its batches again on every pass")
@@ -146,5 +149,5 @@ def training_stream(shard: Shard, batch_size: int, seed: int, rank: int, shuffle
 
 def validation_batches(shard: Shard, batch_size: int, device) -> Iterator[tuple]:
     """The validation shard once over, in order, on ``device``."""
-    for x, y in one_pass(shard, batch_size, 0, 0, 0, shuffle=False):
-        yield as_tensor(x, device), as_tensor(y, device)
+    for batch in one_pass(shard, batch_size, 0, 0, 0, shuffle=False):
+        yield to_device(batch, device)

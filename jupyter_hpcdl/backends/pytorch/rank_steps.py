@@ -57,4 +57,4 @@ class StepWatch:
     def epoch_end(self, epoch: int, logs: dict) -> None:
         publish(self.rank, {"rank": self.rank, "epoch": epoch, "batch": None, "kind": "epoch", "time": time.time(),
                             "loss": number(logs.get("loss")),
-                            "metrics": {k: v for k, v in logs.items() if k != "loss" and v is not None}})
+                            "metrics": {k: n for k, v in logs.items() if k != "loss" and (n := number(v)) is not None}})

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 class FileRendezvous:
-    """One world's store: a file the ranks create in a private directory; ``stop()`` removes the directory."""
+    """One world's store: a file the ranks create in a private directory (made in ``parent``: the session's own
+    directory, which the session's reaper removes if the kernel dies; else the home); ``stop()`` removes it."""
 
     port = 0  # no port: the ranks find the store by its path
 

@@ -1,0 +1,34 @@
+"""A rank's part of the user's data, framework-free (runs on the ranks): every size-th sample of arrays or of a
+``.npz`` file, copied out so that a rank holds only its part; and the seed of each pass over a shard."""
+from __future__ import annotations
+
+from .base import NpzFile
+
+
+def npz_shard(data: NpzFile, rank: int, size: int) -> tuple:
+    """Rank ``rank``'s samples of the arrays in ``data``, as contiguous copies (a strided view would keep the whole
+    array alive)."""
+    import numpy as np
+
+    with np.load(data.path) as arrays:
+        missing = [k for k in (data.x, data.y) if k not in arrays.files]
+        if missing:
+            raise ValueError(f"{data.path} has no array {missing[0]!r} (it has {', '.join(arrays.files)})")
+        return (np.ascontiguousarray(arrays[data.x][rank::size]), np.ascontiguousarray(arrays[data.y][rank::size]))
+
+
+def array_shard(x, y, rank: int, size: int) -> tuple:
+    """Every size-th sample of ``x`` and ``y`` from ``rank`` on (arrays or tensors)."""
+    return x[rank::size], y[rank::size]
+
+
+def checked_pair(made, rank: int) -> tuple:
+    """A data function's ``(x, y)`` of equal lengths, or a ValueError that names the rank."""
+    if len(made[0]) != len(made[1]):
+        raise ValueError(f"the data function gave rank {rank} {len(made[0])} x but {len(made[1])} y")
+    return made[0], made[1]
+
+
+def pass_seed(seed: int, rank: int, p: int) -> int:
+    """The shuffle seed of pass ``p`` over rank ``rank``'s shard: the same on every run with the session's seed."""
+    return (seed * 1_000_003 + rank * 7_919 + p) % 2**63
