@@ -129,6 +129,7 @@ class Fitting:
                 if progress - measured > 2.0:
                     measured, step = progress, max(self.metrics_table.latest_step_times().values(), default=0.0)
             self.ranks.raise_if_dead(what)  # the others wait in a collective that will never complete
+            self.ranks.raise_if_failed(ar, what)  # likewise
             now = time.monotonic()
             grace = max(settings.stop_grace, 2 * stop_check_every * step)  # the ranks look every stop_check_every
             if self.stop_asked is not None and now - self.stop_asked > grace and not ar.ready():

@@ -51,6 +51,7 @@ class RankWorld:
         self.view = None
         self.world: list[dict] = []
         self.engine_of: dict[int, int] = {}
+        self._failed_at: dict[int, float] = {}  # a call (by id) whose part on some rank failed, and when it was seen
 
     @property
     def cluster(self) -> ipp.Cluster | None:
@@ -165,6 +166,32 @@ class RankWorld:
             raise RankError(f"rank(s) {', '.join(map(str, dead))} died during {what} (the engine exited, or stopped "
                             "answering the controller's heartbeats for about 30 s); this world is gone: "
                             "recover(checkpoint) starts a new one from the last checkpoint")
+
+    #: How long the other ranks have to end (or fail) after one rank's part of a call failed.
+    FAILURE_GRACE_S = 5.0
+
+    def raise_if_failed(self, ar, what: str) -> None:
+        """End the world and raise :class:`RankError` if a rank's part of ``ar`` (a call on the whole world) failed
+        and the others still run :attr:`FAILURE_GRACE_S` later: they wait for it in a collective that will not
+        complete before its deadline."""
+        # each rank's part: ipyparallel's message futures, whose result is the rank's value or its RemoteError
+        parts = list(getattr(ar, "_children", []))
+        if len(parts) != len(self.ranks) or ar.ready():
+            return
+        failed = [(r, found) for r, part in zip(self.ranks, parts)
+                  if part.done() and isinstance(found := part.result(), Exception)]
+        if not failed:
+            return
+        first = self._failed_at.setdefault(id(ar), time.monotonic())
+        if time.monotonic() - first < self.FAILURE_GRACE_S:
+            return
+        self._failed_at.pop(id(ar), None)
+        self.on_failed()
+        self.stop(force=True)
+        said = "; ".join(f"rank {r}: {getattr(e, 'ename', type(e).__name__)}: {getattr(e, 'evalue', e)}"
+                         for r, e in failed)
+        raise RankError(f"{what} failed on {said}. The other ranks waited for it (in a collective, most likely), so "
+                        "the world was ended: recover(checkpoint) starts a new one from the last checkpoint")
 
     def require(self, what: str) -> None:
         """A world without a dead rank, for ``what``."""

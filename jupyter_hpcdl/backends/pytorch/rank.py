@@ -115,8 +115,7 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
     import torch
 
     if "wrapped" not in _STATE:
-        raise RuntimeError("this rank has no model in a world: setup() builds one; after a rank failed, recover() "
-                           "the session (from a checkpoint) to train again")
+        raise RuntimeError("this rank has no model: setup() builds one")
     parts, wrapped, spec, progress = _STATE["parts"], _STATE["wrapped"], _STATE["spec"], _STATE["progress"]
     rank, size = dist.rank(), dist.size()
     watch = StepWatch(stop_file, publish_every, check_every, min_interval)
@@ -162,19 +161,8 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
             watch.epoch_end(epoch, logs)
     except TrainingStopped as e:
         stopped = str(e)
-    except BaseException:
-        end_world()
-        raise
     return {"rank": rank, "history": history, "stopped": stopped, "epochs_done": progress["epochs_done"],
             "weights": weights_digest()}
-
-
-def end_world() -> None:
-    """After this rank failed where its peers wait in a collective (a gradient allreduce, an agreement): leave the
-    world, so that their collective fails at once (its connections to this rank close) instead of at its deadline;
-    each rank's error reaches the kernel, and the session's ``recover()`` starts a new world."""
-    _STATE.pop("wrapped", None)
-    dist.shutdown()
 
 
 def shard_size() -> dict:

@@ -11,7 +11,6 @@ import time
 from ...figures import reported
 from ..scriptrun import run_main
 from . import dist
-from .rank import end_world
 from .rank_steps import StepWatch
 
 
@@ -58,12 +57,6 @@ def run_script(path: str, args: list[str], stop_file: str, publish_every: int = 
     """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]``; this rank's exit code, whether Stop ended it,
     and the optimizer steps it took."""
     with session_steps(stop_file, publish_every, check_every, min_interval) as progress:
-        try:
-            end = run_main(path, args)
-        except BaseException:
-            end_world()  # its peers may wait for it in a collective: theirs fails now, not at its deadline
-            raise
-    if end.exit_code:
-        end_world()
+        end = run_main(path, args)
     return {"rank": dist.rank(), "exit_code": end.exit_code, "stopped": end.stopped, "epochs_done": 0,
             "steps": progress["steps"]}
