@@ -104,7 +104,9 @@ def offer_json(profile: Profile, user: str, partition: str, image: str, account:
 
     accounts = first(profile.accounts_for(user), account)
     return json.dumps({"partitions": [asdict(profile.partitions[n]) for n in first(profile.partitions, partition)],
-                       "images": [asdict(profile.images[n]) for n in first(profile.images, image)],
+                       # an image's backends are the doctor's concern: the offer stays as older jobs read it
+                       "images": [{k: v for k, v in asdict(profile.images[n]).items() if k != "backends"}
+                                  for n in first(profile.images, image)],
                        "accounts": accounts}, separators=(",", ":"))
 
 
@@ -168,7 +170,8 @@ class SiteProfile(Configurable):
 
 def _backend_names(image: str, names) -> tuple[str, ...]:
     """An image's ``backends``: a list of plain names (the doctor loads them; an unknown one it reports)."""
-    if isinstance(names, str) or not all(isinstance(n, str) and _NAME.match(n) for n in names):
+    if names is None or isinstance(names, (str, bytes)) or not all(isinstance(n, str) and _NAME.match(n)
+                                                                     for n in names):
         raise ValueError(f"SiteProfile.images[{image!r}]['backends'] must be a list of backend names, such as "
                          f"['horovod', 'torch'], not {names!r}")
     return tuple(names)

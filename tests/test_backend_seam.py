@@ -241,3 +241,15 @@ def test_the_torch_store_is_a_file_only_the_user_reaches(monkeypatch, tmp_path):
     assert float(envs[0]["HPCDL_TORCH_TIMEOUT"]) >= 300  # the join and each collective have a deadline
     store.stop()
     assert not os.path.exists(store.directory)
+
+
+def test_the_launchers_pytorch_ranks_run_a_python_script_through_the_join():
+    from jupyter_hpcdl.backends.pytorch.store import LAUNCHED, rank_command
+
+    assert rank_command(["python3", "train.py", "--lr", "1"]) == ["python3", "-m", LAUNCHED, "train.py", "--lr", "1"]
+    assert rank_command(["/v/bin/python3.11", "-m", "pkg.train"]) == ["/v/bin/python3.11", "-m", LAUNCHED, "-m",
+                                                                      "pkg.train"]
+    for bad in (["bash", "-c", "true"], ["python3"], ["python3", "-c", "print(1)"], ["python3", "-m"], []):
+        with pytest.raises(ValueError, match="start from a Python script"):
+            rank_command(bad)
+    assert load_backend("horovod").rank_command(["bash", "-c", "x"]) == ["bash", "-c", "x"]

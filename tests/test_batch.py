@@ -114,15 +114,36 @@ def test_the_launcher_says_what_to_fix():
     assert outside.returncode == 2 and "--local N" in outside.stderr
 
 
-def test_a_backend_that_cannot_launch_commands_is_refused_by_the_launcher_and_batch_runs(monkeypatch, tmp_path):
-    refused = subprocess.run([PY, "-m", "jupyter_hpcdl.job.launch", "--local=2", "--", "true"], capture_output=True,
-                             text=True, env={**ENV, "HPCDL_BACKEND": "torch"}, timeout=120)
-    assert refused.returncode == 2 and "'torch'" in refused.stderr and "run_script" in refused.stderr
+def test_pytorch_ranks_start_from_a_python_script_and_anything_else_is_refused(monkeypatch, tmp_path):
+    refused = subprocess.run([PY, "-m", "jupyter_hpcdl.job.launch", "--local=2", "--", "bash", "-c", "true"],
+                             capture_output=True, text=True, env={**ENV, "HPCDL_BACKEND": "torch"}, timeout=120)
+    assert refused.returncode == 2 and "'python3 script.py ARGS'" in refused.stderr, refused.stderr
     monkeypatch.setenv("HPCDL_BACKEND", "torch")
     monkeypatch.setenv("HPCDL_BATCH_ROOT", str(tmp_path / "runs"))
-    with pytest.raises(ValueError, match="batch runs of the 'torch' backend"):
-        BatchRun.submit(command=["true"], ranks=2, where="local")
+    with pytest.raises(ValueError, match="start from a Python script"):
+        BatchRun.submit(command=["bash", "-c", "true"], ranks=2, where="local")
     assert not (tmp_path / "runs").exists(), "a refused run left its directory"
+
+
+TORCHRUN_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "torchrun_digits.py"
+
+
+@pytest.mark.ranks
+def test_a_torchrun_script_runs_unchanged_as_the_launchers_ranks_and_as_a_batch_run(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    done = subprocess.run([PY, "-m", "jupyter_hpcdl.job.launch", "--local=2", "--label", "--", PY, str(TORCHRUN_SCRIPT),
+                           "--epochs", "1"], env={**ENV, "HPCDL_BACKEND": "torch"}, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "0: final loss" in done.stdout and "1: final loss" not in done.stdout
+    assert not list(Path.home().glob(".hpcdl-torch-*")), "the launcher left its store behind"
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    monkeypatch.setenv("HPCDL_BACKEND", "torch")
+    monkeypatch.setenv("HPCDL_BATCH_ROOT", str(tmp_path / "runs"))
+    monkeypatch.delenv("HPCDL_ALLOCATION_FILE", raising=False)
+    run = BatchRun.submit(TORCHRUN_SCRIPT, ["--epochs", "1"], ranks=2, name="torch")
+    assert run.wait(every=0.5, show=False).exit_code == 0
+    assert "final loss" in run.result().rank_output(0)
 
 
 @pytest.mark.ranks

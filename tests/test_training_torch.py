@@ -184,7 +184,8 @@ def failing_once_on_rank_0(marker: str):
 
 def test_a_rank_that_fails_mid_fit_ends_the_world_at_once_and_recover_goes_on(tmp_path):
     """Rank 0's callback raises after the first epoch while rank 1 waits for it in the next gradient allreduce:
-    rank 0 leaves the world, so rank 1's collective fails then (not at its 30-minute deadline, nor as a stall)."""
+    the session ends the world a few seconds later with rank 0's error (not at the collective's 30-minute
+    deadline, nor as a stall)."""
     with TrainingSession(ranks=2, backend="torch", stall_timeout=600) as s:
         s.setup(digits_torch_model, digits_shard, loss="cross_entropy", seed=3,
                 callbacks=failing_once_on_rank_0(str(tmp_path / "failed")))

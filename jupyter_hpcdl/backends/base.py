@@ -61,9 +61,6 @@ class Backend(Protocol):
 
     #: The name it is registered under (entry point group ``jupyter_hpcdl.backends``).
     name: str
-    #: Whether ``hpcdl-launch`` (and ``BatchRun``) can start a user's command as its ranks: the command joins the
-    #: world itself from the environment ``rank_env`` gives (``hvd.init()``).
-    launches_commands: bool
 
     # -- rank: joining and leaving the world ---------------------------------------------------------------------
     #: ``join(env) -> dict``: set ``env`` (the world's variables) in this process, join the world, pick this rank's
@@ -126,6 +123,11 @@ class Backend(Protocol):
                  timeout_s: float | None = None) -> dict[str, str]:
         """What the rank in ``slot`` needs in its environment, before the framework is imported, to join the world
         at the rendezvous over ``iface`` (waiting up to ``timeout_s`` for its peers)."""
+
+    def rank_command(self, command: Sequence[str]) -> list[str]:
+        """What each rank of ``hpcdl-launch`` runs for the user's ``command`` (which joins the world from the
+        environment ``rank_env`` gives, or is wrapped so that it does); a ValueError that says what to give where
+        the backend cannot start it."""
 
     def mpi_env(self) -> dict[str, str]:
         """What a rank needs to join the world over MPI (rank and size come from the MPI launcher)."""

@@ -18,15 +18,19 @@ class ScriptEnd:
     stopped: str | None
 
 
-def run_main(path: str, args: list[str]) -> ScriptEnd:
-    """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]`` and its folder first on ``sys.path``; both
-    are restored after it."""
+def run_main(path: str, args: list[str], module: bool = False) -> ScriptEnd:
+    """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]`` and its folder first on ``sys.path`` (or,
+    with ``module``, the module of that name, as ``python -m`` would, the working directory first); both are
+    restored after it."""
     argv, sys_path = sys.argv, list(sys.path)
     sys.argv = [path, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(path)))
     code, stopped = 0, None
     try:
-        runpy.run_path(path, run_name="__main__")
+        if module:
+            runpy.run_module(path, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):

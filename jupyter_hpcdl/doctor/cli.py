@@ -131,7 +131,10 @@ def doctor(args: argparse.Namespace) -> list[Finding]:
     images = tuple(args.image) or tuple(i.ref for i in profile.images.values())
     # the catalogue's own word that an image has no training stack; an image asked for by --image is checked whole
     without_stack = frozenset() if args.image else frozenset(i.ref for i in profile.images.values() if not i.training)
-    backends = {i.ref: list(i.backends) for i in profile.images.values() if i.backends and i.ref in images}
+    # each image's backends, the hub's default where the catalogue names none (the node's may differ)
+    default = load_backend().name
+    backends = {ref: [default] for ref in images}
+    backends.update({i.ref: list(i.backends) for i in profile.images.values() if i.backends and i.ref in images})
     unknown = sorted({n for names in backends.values() for n in names} - set(installed()))
     if unknown:
         findings.append(Finding("site profile", FAIL, f"the catalogue's images name training backends not installed "

@@ -249,16 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("hpcdl-launch: give the command after --", file=sys.stderr)
         return 2
-    try:
-        backend = load_backend()
-    except ValueError as e:
-        print(f"hpcdl-launch: {e}", file=sys.stderr)
-        return 2
-    if not backend.launches_commands:
-        print(f"hpcdl-launch: the training backend {backend.name!r} ({BACKEND_ENV}) cannot start a command as its "
-              "ranks yet: run its script from a notebook with TrainingSession(backend=...).run_script(), or set "
-              f"{BACKEND_ENV}=horovod for Horovod ranks", file=sys.stderr)
-        return 2
+    if not args.rank:  # the launcher's side: what each rank runs, as the site's backend starts its ranks
+        try:
+            command = load_backend().rank_command(command)
+        except ValueError as e:
+            print(f"hpcdl-launch: {e}", file=sys.stderr)
+            return 2
     if args.local is not None:
         if not 1 <= args.local <= 256:
             print(f"hpcdl-launch: --local takes 1 to 256 ranks, not {args.local}", file=sys.stderr)

@@ -33,7 +33,7 @@ from ..commands import end_group_by_id, start_group
 from ..containers.kernelspec import kernel_image
 from ..job.owner import SOCKET_ENV, owner_socket, request
 from ..atomic import write_json
-from ..backends import BACKEND_ENV, load_backend
+from ..backends import load_backend
 from ..jobvalues import check_name, parse_walltime
 from ..job.newjob import NewAllocation, batch_run_script, check_job_dir
 
@@ -146,17 +146,13 @@ class BatchRun:
                walltime: str | int = "00:30:00", partition: str | None = None, account: str | None = None,
                gpus_per_rank: int | None = None, image: str | None = None, name: str = "batch",
                directory: str | os.PathLike | None = None, where: str = "auto") -> "BatchRun":
-        """Run the Python ``script`` with ``args`` (or any ``command``) as ``ranks`` Horovod ranks, each of which
-        joins one world at ``hvd.init()``. In a job: ``nodes`` nodes, ``gpus_per_rank`` GPUs each, the ``walltime``,
+        """Run the Python ``script`` with ``args`` (or any ``command``) as ``ranks`` ranks of the site's training
+        backend (``HPCDL_BACKEND``): Horovod's join one world at ``hvd.init()``, PyTorch's at a torchrun script's
+        ``init_process_group()`` (the command must then be ``python script.py ...``). In a job: ``nodes`` nodes, ``gpus_per_rank`` GPUs each, the ``walltime``,
         ``partition`` and ``account`` of the new job (``gpus_per_rank`` by default one where this kernel's job has GPUs,
         as its own tasks do), ranks in the container of ``image`` (by default the one this kernel runs in). Locally: ``ranks``
         processes, ended at the walltime. Returns once the run is submitted (or started), not when it ends."""
         where = _resolve(where)
-        backend = load_backend()
-        if not backend.launches_commands:
-            raise ValueError(f"batch runs of the {backend.name!r} backend (the site's {BACKEND_ENV}) are not supported "
-                             "yet: run the script on a TrainingSession's ranks (session.run_script), or set "
-                             f"{BACKEND_ENV}=horovod for Horovod ranks")
         if (script is None) == (command is None):
             raise ValueError("give the script to run (and its args), or a command, not both")
         check_name("name", name)
@@ -172,6 +168,7 @@ class BatchRun:
         command = list(command)
         if not command or not all(isinstance(word, str) and word for word in command):
             raise ValueError("the command must be a non-empty list of non-empty strings")
+        load_backend().rank_command(command)  # a command the site's backend cannot start as ranks fails here
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         directory = Path(directory).expanduser().resolve() if directory else batch_root() / f"{name}-{stamp}"
         check_job_dir(str(directory))

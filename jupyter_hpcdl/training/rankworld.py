@@ -51,7 +51,7 @@ class RankWorld:
         self.view = None
         self.world: list[dict] = []
         self.engine_of: dict[int, int] = {}
-        self._failed_at: dict[int, float] = {}  # a call (by id) whose part on some rank failed, and when it was seen
+        self._failed_at: tuple = (None, 0.0)  # the call whose part on some rank failed, and when that was seen
 
     @property
     def cluster(self) -> ipp.Cluster | None:
@@ -182,10 +182,11 @@ class RankWorld:
                   if part.done() and isinstance(found := part.result(), Exception)]
         if not failed:
             return
-        first = self._failed_at.setdefault(id(ar), time.monotonic())
-        if time.monotonic() - first < self.FAILURE_GRACE_S:
+        if self._failed_at[0] is not ar:  # held, not its id: a later call may reuse a freed one's id
+            self._failed_at = (ar, time.monotonic())
+        if time.monotonic() - self._failed_at[1] < self.FAILURE_GRACE_S:
             return
-        self._failed_at.pop(id(ar), None)
+        self._failed_at = (None, 0.0)
         self.on_failed()
         self.stop(force=True)
         said = "; ".join(f"rank {r}: {getattr(e, 'ename', type(e).__name__)}: {getattr(e, 'evalue', e)}"

@@ -18,7 +18,6 @@ class HorovodBackend:
     """The :class:`~jupyter_hpcdl.backends.base.Backend` of Horovod (rank members are this package's functions)."""
 
     name = "horovod"
-    launches_commands = True
 
     join = staticmethod(training.join)
     leave = staticmethod(training.leave)
@@ -46,6 +45,9 @@ class HorovodBackend:
     def rank_env(self, slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str,
                  timeout_s: float | None = None) -> dict[str, str]:
         return environment.gloo_env(slot, rendezvous_addr, rendezvous_port, iface, timeout_s)
+
+    def rank_command(self, command: Sequence[str]) -> list[str]:
+        return list(command)  # hvd.init() joins the world from the environment
 
     def mpi_env(self) -> dict[str, str]:
         return environment.mpi_env()

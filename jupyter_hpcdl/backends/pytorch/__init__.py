@@ -18,7 +18,6 @@ class TorchBackend:
     """The :class:`~jupyter_hpcdl.backends.base.Backend` of PyTorch (rank members are this package's functions)."""
 
     name = "torch"
-    launches_commands = False  # a torchrun script's init_process_group() would need a TCP store: not offered
 
     join = staticmethod(training.join)
     leave = staticmethod(training.leave)
@@ -46,6 +45,9 @@ class TorchBackend:
     def rank_env(self, slot: Slot, rendezvous_addr: str, rendezvous_port: int, iface: str,
                  timeout_s: float | None = None) -> dict[str, str]:
         return store.rank_env(slot, rendezvous_addr, iface, timeout_s)
+
+    def rank_command(self, command: Sequence[str]) -> list[str]:
+        return store.rank_command(command)
 
     def mpi_env(self) -> dict[str, str]:
         raise ValueError("the torch backend joins its ranks through its own store over Gloo or NCCL, not MPI: use "

@@ -73,10 +73,13 @@ def save(path: str, model, optimizer, scheduler, progress: Progress, optimizer_s
             torch.save(_on_cpu(state), os.path.join(partial, file))
             _fsync(os.path.join(partial, file))
         os.rename(partial, os.path.join(path, name))
-        _fsync(path)  # the new directory's name is on disk before the manifest names it
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    try:
+        _fsync(path)  # the new directory's name is on disk before the manifest names it
+    except OSError:
+        pass  # a file system that cannot sync a directory: the rename stands
     write_json(os.path.join(path, MANIFEST), {"format": FORMAT, "latest": name, "files": sorted(parts),
                                               "optimizer_steps": optimizer_steps, **asdict(progress)})
     older = sorted(d for d in os.listdir(path) if d.startswith(PREFIX) and d != name)  # by the time in the name

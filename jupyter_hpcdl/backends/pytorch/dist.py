@@ -24,22 +24,28 @@ def device():
     return torch.device("cpu")
 
 
-def _gpu_each() -> bool:
-    """Whether this rank has a GPU of its own: it sees one per rank of its node, or the job bound one to it
-    (``CUDA_VISIBLE_DEVICES`` of one device, as a rank's task gets)."""
-    import torch
+def _gpu_identity() -> str:
+    """This rank's GPU as ``host/uuid`` (the physical device it would use), or "" without one (or without NCCL)."""
+    import socket
 
-    if not torch.cuda.is_available():
-        return False
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    bound = visible != "" and len(visible.split(",")) == 1
-    return bound or torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    import torch
+    import torch.distributed as dist
+
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        return ""
+    index = device().index
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is None:  # the device's place among the node's GPUs
+        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+        uuid = visible[index] if index < len(visible) else index
+    return f"{socket.gethostname()}/{uuid}"
 
 
 def init() -> dict:
     """Join the world that the environment describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, the store); this
-    rank's place in it. NCCL for CUDA tensors where every rank has a GPU of its own (the ranks agree on it through
-    the store), Gloo for the rest: ranks that share a GPU train over Gloo. Joining again is a no-op."""
+    rank's place in it. NCCL for CUDA tensors where every rank has a GPU of its own (each tells the others, through
+    the store, which physical device it would use), Gloo for the rest: ranks that share a GPU train over Gloo.
+    Joining again is a no-op."""
     import torch
     import torch.distributed as dist
 
@@ -52,9 +58,9 @@ def init() -> dict:
         timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
         store = dist.FileStore(os.environ[STORE_ENV], world_size)
         store.set_timeout(timeout)
-        mine = _gpu_each() and dist.is_nccl_available()
-        store.set(f"hpcdl/nccl/{me}", "1" if mine else "0")
-        nccl = all(store.get(f"hpcdl/nccl/{r}") == b"1" for r in range(world_size))  # waits for every rank
+        store.set(f"hpcdl/gpu/{me}", _gpu_identity())
+        gpus = [store.get(f"hpcdl/gpu/{r}").decode() for r in range(world_size)]  # waits for every rank
+        nccl = all(gpus) and len(set(gpus)) == world_size  # each rank on a GPU of its own
         if nccl:
             torch.cuda.set_device(device())
         dist.init_process_group("cpu:gloo,cuda:nccl" if nccl else "gloo", store=store, rank=me,

@@ -100,7 +100,16 @@ def from_arrays(x, y) -> tuple:
 
 
 def to_device(batch: tuple, device) -> tuple:
-    return tuple(part.to(device, non_blocking=True) for part in batch)
+    """A batch on ``device``; float64 tensors in torch's default dtype, as arrays arrive (other dtypes, float16 or
+    bfloat16 say, as they are)."""
+    import torch
+
+    def moved(part):
+        if part.dtype == torch.float64:
+            part = part.to(torch.get_default_dtype())
+        return part.to(device, non_blocking=True)
+
+    return tuple(moved(part) for part in batch)
 
 
 def _pair(batch) -> tuple:

@@ -15,25 +15,38 @@ from .rank_steps import StepWatch
 
 
 @contextlib.contextmanager
-def session_steps(stop_file: str, publish_every: int, check_every: int, min_interval: float):
-    """While the script runs: its process group calls meet the session's world, and each optimizer step is
-    watched (:class:`.rank_steps.StepWatch`)."""
+def joined_world():
+    """While a script runs in a rank that joined its world: the script's ``init_process_group()`` is that world
+    (a no-op) and its ``destroy_process_group()`` leaves it to the rank (the session's, or the launcher's)."""
     import torch.distributed as torch_dist
-    from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    watch = StepWatch(stop_file, publish_every, check_every, min_interval)
-    progress = {"steps": 0, "last": time.perf_counter()}
     original_init, original_destroy = torch_dist.init_process_group, torch_dist.destroy_process_group
 
     def init_process_group(*args, **kwargs):
         if not torch_dist.is_initialized():
             return original_init(*args, **kwargs)
-        return None  # the rank is in the session's world already
+        return None  # the rank is in its world already
 
     def destroy_process_group(group=None):
         if group is not None:
             return original_destroy(group)
-        return None  # the session's world outlives the script
+        return None  # the world outlives the script
+
+    torch_dist.init_process_group, torch_dist.destroy_process_group = init_process_group, destroy_process_group
+    try:
+        yield
+    finally:
+        torch_dist.init_process_group, torch_dist.destroy_process_group = original_init, original_destroy
+
+
+@contextlib.contextmanager
+def session_steps(stop_file: str, publish_every: int, check_every: int, min_interval: float):
+    """While the script runs: its process group calls meet the session's world (:func:`joined_world`), and each
+    optimizer step is watched (:class:`.rank_steps.StepWatch`)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    watch = StepWatch(stop_file, publish_every, check_every, min_interval)
+    progress = {"steps": 0, "last": time.perf_counter()}
 
     def after_step(optimizer, args, kwargs):
         figures = reported()
@@ -43,13 +56,12 @@ def session_steps(stop_file: str, publish_every: int, check_every: int, min_inte
         progress["steps"] += 1
         watch.step(0, batch, started, None, loss, figures)
 
-    torch_dist.init_process_group, torch_dist.destroy_process_group = init_process_group, destroy_process_group
     handle = register_optimizer_step_post_hook(after_step)
     try:
-        yield progress
+        with joined_world():
+            yield progress
     finally:
         handle.remove()
-        torch_dist.init_process_group, torch_dist.destroy_process_group = original_init, original_destroy
 
 
 def run_script(path: str, args: list[str], stop_file: str, publish_every: int = 5, check_every: int = 20,

@@ -6,9 +6,10 @@ secret and opens no port. Gloo's (or NCCL's) pair sockets between the ranks stay
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from .dist import DEFAULT_TIMEOUT_S, STORE_ENV, TIMEOUT_ENV
 
@@ -32,6 +33,23 @@ class FileRendezvous:
 
     def stop(self, timeout: float = 10) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+#: The module each rank of ``hpcdl-launch`` runs a torchrun script through (:mod:`.launched`).
+LAUNCHED = "jupyter_hpcdl.backends.pytorch.launched"
+
+
+def rank_command(command: Sequence[str]) -> list[str]:
+    """``python script.py args`` (or ``python -m module args``) as one rank of ``hpcdl-launch``: the script runs
+    through :mod:`.launched`, which joins the world from the file store first, as ``torchrun`` would from its own
+    TCP store. Anything else is refused with what to give."""
+    command = list(command)
+    python = re.fullmatch(r"python(\d+(\.\d+)?)?", os.path.basename(command[0])) if command else None
+    script = len(command) > 1 and (not command[1].startswith("-") or (command[1] == "-m" and len(command) > 2))
+    if not (python and script):
+        raise ValueError("PyTorch ranks start from a Python script, as with torchrun: give the command as "
+                         f"'python3 script.py ARGS' or 'python3 -m module ARGS', not {' '.join(command)!r}")
+    return [command[0], "-m", LAUNCHED, *command[1:]]
 
 
 def rank_env(slot: Slot, store_path: str, iface: str, timeout_s: float | None = None) -> dict[str, str]:
