@@ -118,10 +118,16 @@ def test_pytorch_ranks_start_from_a_python_script_and_anything_else_is_refused(m
     refused = subprocess.run([PY, "-m", "jupyter_hpcdl.job.launch", "--local=2", "--", "bash", "-c", "true"],
                              capture_output=True, text=True, env={**ENV, "HPCDL_BACKEND": "torch"}, timeout=120)
     assert refused.returncode == 2 and "'python3 script.py ARGS'" in refused.stderr, refused.stderr
+    named = launch("--backend=torch", "--local=2", "--", "bash", "-c", "true")  # named: the same refusal
+    assert named.returncode == 2 and "'python3 script.py ARGS'" in named.stderr, named.stderr
+    unknown = launch("--backend=jax", "--local=2", "--", "true")
+    assert unknown.returncode == 2 and "--backend: no training backend 'jax'" in unknown.stderr, unknown.stderr
     monkeypatch.setenv("HPCDL_BACKEND", "torch")
     monkeypatch.setenv("HPCDL_BATCH_ROOT", str(tmp_path / "runs"))
     with pytest.raises(ValueError, match="start from a Python script"):
         BatchRun.submit(command=["bash", "-c", "true"], ranks=2, where="local")
+    with pytest.raises(ValueError, match="no training backend 'jax'.*installed here are horovod, torch"):
+        BatchRun.submit(command=["true"], ranks=2, where="local", backend="jax")
     assert not (tmp_path / "runs").exists(), "a refused run left its directory"
 
 
@@ -138,10 +144,10 @@ def test_a_torchrun_script_runs_unchanged_as_the_launchers_ranks_and_as_a_batch_
     assert "0: final loss" in done.stdout and "1: final loss" not in done.stdout
     assert not list(Path.home().glob(".hpcdl-torch-*")), "the launcher left its store behind"
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
-    monkeypatch.setenv("HPCDL_BACKEND", "torch")
+    monkeypatch.delenv("HPCDL_BACKEND", raising=False)  # named by the run, not by the kernel's environment
     monkeypatch.setenv("HPCDL_BATCH_ROOT", str(tmp_path / "runs"))
     monkeypatch.delenv("HPCDL_ALLOCATION_FILE", raising=False)
-    run = BatchRun.submit(TORCHRUN_SCRIPT, ["--epochs", "1"], ranks=2, name="torch")
+    run = BatchRun.submit(TORCHRUN_SCRIPT, ["--epochs", "1"], ranks=2, name="torch", backend="torch")
     assert run.wait(every=0.5, show=False).exit_code == 0
     assert "final loss" in run.result().rank_output(0)
 
@@ -211,7 +217,8 @@ def test_the_batch_script_carries_checked_values_and_the_command_quoted():
     assert lines[0] == "#!/bin/bash" and "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks=4" in lines
     assert "#SBATCH --time=00:10:00" in lines and "#SBATCH --gpus-per-task=1" in lines
     assert "#SBATCH --output=/home/alice/hpcdl-batch/digits-1/output.log" in lines
-    assert lines[-1] == ("exec /opt/venv/bin/python -m jupyter_hpcdl.job.launch --image=hpcdl/base:latest --label "
+    assert lines[-1] == ("exec /opt/venv/bin/python -m jupyter_hpcdl.job.launch --backend=horovod "
+                         "--image=hpcdl/base:latest --label "
                          "--status-file=/home/alice/hpcdl-batch/digits-1/status.json -- python3 /home/alice/train.py "
                          "--name 'it'\"'\"'s; rm -rf ~'")
     sge = batch_run_script(GridEngine(), NewAllocation(nodes=2, walltime="00:10:00", partition="gpu", gpus_per_rank=1),
@@ -221,12 +228,13 @@ def test_the_batch_script_carries_checked_values_and_the_command_quoted():
                          "#$ -r n", "#$ -S /bin/bash", "#$ -wd /home/alice/hpcdl-batch/digits-1", "#$ -pe mpi-2 4",
                          "#$ -l h_rt=600,gpu=1", "#$ -q gpu"]
     assert sge[-1] == lines[-1].split(" -- ")[0] + " -- python3 /home/alice/train.py"
-    ok = (Slurm(), NewAllocation(), 2, "/home/a/run", "/usr/bin/python3", "hpcdl/base:latest", ["true"], "hpcdl-batch-x")
+    ok = (Slurm(), NewAllocation(), 2, "/home/a/run", "/usr/bin/python3", "hpcdl/base:latest", ["true"], "hpcdl-batch-x",
+          "torch")
     for index, bad, says in [(1, NewAllocation(partition="gpu\n#SBATCH --uid=0"), "not a valid name"),
                              (2, 0, "ranks must be"), (3, "/home/a/run dir", "cannot carry"),
                              (3, "relative/run", "cannot carry"), (3, "/home/a/../b", "cannot carry"),
                              (5, "Bad Image", "not valid"), (6, [], "non-empty list"),
-                             (7, "name\nx", "not a valid name")]:
+                             (7, "name\nx", "not a valid name"), (8, "torch; id", "not a valid name")]:
         args = list(ok)
         args[index] = bad
         with pytest.raises(ValueError, match=says):

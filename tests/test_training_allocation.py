@@ -503,6 +503,7 @@ def test_a_batch_run_in_the_queue_says_why_is_cancelled_and_a_failing_one_gives_
 TORCH_CODE = """
 import json, os, shutil
 from jupyter_hpcdl.training import TrainingSession
+from jupyter_hpcdl.training.batchrun import BatchRun
 from jupyter_hpcdl.training.examples import digits_shard, digits_torch_model
 
 where = os.path.expanduser("~/hpcdl-torch-test")
@@ -523,15 +524,23 @@ try:
     before = len(session.metrics)
     ran = session.run_script(os.path.join(where, "torchrun_digits.py"), ["--epochs", "2"], echo=False)
     script_rows = session.metrics.iloc[before:]
-    print(json.dumps({"world": [[w["rank"], w["node"], w["cuda_visible_devices"]] for w in world],
-                      "history": {str(k): v for k, v in first.history.items()},
-                      "metric_ranks": sorted({int(r) for r in session.metrics["rank"]}),
-                      "steps": steps, "weights": weights,
-                      "moved": [[r["weights"], r["iterations"]] for r in moved], "after": after.epochs_done,
-                      "new_world": sorted([w["rank"], w["node"]] for w in session.world),
-                      "script_exit": {str(k): v for k, v in ran.exit_codes.items()}, "script_out": ran.stdout[0],
-                      "script_ranks": sorted({int(r) for r in script_rows["rank"]}),
-                      "script_loss": bool(script_rows["loss"].notna().any())}))
+    out = {"world": [[w["rank"], w["node"], w["cuda_visible_devices"]] for w in world],
+           "history": {str(k): v for k, v in first.history.items()},
+           "metric_ranks": sorted({int(r) for r in session.metrics["rank"]}),
+           "steps": steps, "weights": weights,
+           "moved": [[r["weights"], r["iterations"]] for r in moved], "after": after.epochs_done,
+           "new_world": sorted([w["rank"], w["node"]] for w in session.world),
+           "script_exit": {str(k): v for k, v in ran.exit_codes.items()}, "script_out": ran.stdout[0],
+           "script_ranks": sorted({int(r) for r in script_rows["rank"]}),
+           "script_loss": bool(script_rows["loss"].notna().any())}
+    session.close()
+    # the same script as a batch run of its own: a new job over both nodes, ranks in this image's containers
+    batch = BatchRun.submit(os.path.join(where, "torchrun_digits.py"), ["--epochs", "1"], ranks=2, nodes=2,
+                            walltime=5, name="torch", backend="torch")
+    state = batch.wait(timeout=240, every=2, show=False).state
+    done = batch.result()
+    out["batch"] = [batch.job_id, state, done.exit_code, done.rank_output(0)]
+    print(json.dumps(out))
 finally:
     session.close()
     shutil.rmtree(where, ignore_errors=True)
@@ -541,7 +550,7 @@ finally:
 def test_pytorch_ranks_on_two_nodes_in_containers_train_rescale_and_run_a_torchrun_script(bed):
     """Alice's PyTorch work in her job (2 nodes, the PyTorch image): her module with Adam and a step schedule and a
     validation set on 4 ranks, a checkpoint carried into 2 ranks with Adam's state, then an unchanged torchrun
-    script on the same ranks with live step metrics."""
+    script on the same ranks with live step metrics, and as a batch run of its own over both nodes."""
     from pathlib import Path
     script = (Path(__file__).resolve().parent.parent / "examples" / "torchrun_digits.py").read_text()
     result = _result_from_alices_kernel(
@@ -556,3 +565,7 @@ def test_pytorch_ranks_on_two_nodes_in_containers_train_rescale_and_run_a_torchr
     assert [r for r, _ in result["new_world"]] == [0, 1] and result["after"] == 3
     assert result["script_exit"] == {"0": 0, "1": 0} and "final loss" in result["script_out"]
     assert result["script_ranks"] == [0, 1] and result["script_loss"], "the script's steps did not stream"
+    job, state, code, said = result["batch"]
+    assert state == "COMPLETED" and code == 0 and "final loss" in said, result["batch"]
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+    assert re.search(r"\bNodeList=node\[1-2\]\s", shown), f"the batch run's job did not run on both nodes: {shown}"

@@ -1,4 +1,4 @@
-"""``hpcdl-launch``: run a command as the training backend's ranks (Horovod's), one per task of the batch job, each
+"""``hpcdl-launch``: run a command as the training backend's ranks, one per task of the batch job, each
 inside the user's udocker container, joined over Gloo through a rendezvous this launcher owns. Run it inside an allocation (a batch script or salloc)::
 
     hpcdl-launch --image hpcdl/base:latest -- python3 train.py
@@ -8,6 +8,8 @@ container, joined over loopback, and ends them at ``--time-limit``::
 
     hpcdl-launch --local 2 --time-limit 600 -- python3 train.py
 
+``--backend`` names the training backend whose ranks to start (default: ``$HPCDL_BACKEND``, else Horovod's); with
+``--backend torch`` the command is ``python3 script.py ARGS`` of an unchanged ``torchrun`` script.
 ``--status-file`` writes the ranks' exit code when they end, as JSON (``jupyter_hpcdl.training.batchrun`` collects it).
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ def _gloo_names() -> tuple[str, ...]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpcdl-launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", help="the training backend whose ranks to start (default: $HPCDL_BACKEND, else horovod)")
     p.add_argument("--image", help="image whose container runs each rank (required in a batch job)")
     p.add_argument("--local", type=int, metavar="N", help="no batch system: N ranks on this machine, no container")
     p.add_argument("--time-limit", type=float, metavar="SECONDS", help="with --local: end the ranks after this long")
@@ -215,7 +218,8 @@ def run_batch(args, command: list[str], sched) -> tuple[int, str]:
     env = {**os.environ, RENDEZVOUS_ENV: server.rank_address(addr)}
 
     def rank_argv(*extra: str) -> list[str]:
-        return [sys.executable, "-m", "jupyter_hpcdl.job.launch", "--rank", *extra, f"--hosts={spec}", f"--image={args.image}",
+        return [sys.executable, "-m", "jupyter_hpcdl.job.launch", "--rank", *extra, f"--backend={load_backend().name}",
+                f"--hosts={spec}", f"--image={args.image}",
                 f"--port={server.port}", f"--iface={iface}", *(f"--env={n}" for n in args.env), "--", *command]
 
     ranks = _Ranks(args.label)
@@ -249,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("hpcdl-launch: give the command after --", file=sys.stderr)
         return 2
+    if args.backend is not None:  # the ranks and their containers get it as HPCDL_BACKEND
+        try:
+            os.environ[BACKEND_ENV] = load_backend(args.backend).name
+        except (ValueError, ImportError) as e:
+            print(f"hpcdl-launch: --backend: {e}", file=sys.stderr)
+            return 2
     if not args.rank:  # the launcher's side: what each rank runs, as the site's backend starts its ranks
         try:
             command = load_backend().rank_command(command)

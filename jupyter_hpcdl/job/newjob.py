@@ -90,16 +90,17 @@ def check_job_dir(path: str) -> str:
 
 
 def batch_run_script(sched: Scheduler, alloc: NewAllocation, ranks: int, job_dir: str, host_python: str,
-                     image: str, command: Sequence[str], job_name: str) -> str:
-    """The batch script of a batch run: ``ranks`` tasks over ``alloc.nodes`` nodes, their output (labelled by rank)
-    in ``job_dir/output.log``, the exit code in ``job_dir/status.json``; the command's words are quoted for the
-    shell, so they are passed exactly as given."""
+                     image: str, command: Sequence[str], job_name: str, backend: str = "horovod") -> str:
+    """The batch script of a batch run: ``ranks`` tasks of the training ``backend`` over ``alloc.nodes`` nodes,
+    their output (labelled by rank) in ``job_dir/output.log``, the exit code in ``job_dir/status.json``; the
+    command's words are quoted for the shell, so they are passed exactly as given."""
     job_dir, python = check_job_dir(job_dir), check_job_dir(host_python)
     check_image_ref(image)
     check_name("job name", job_name)
+    check_name("backend", backend)
     if not command or not all(isinstance(word, str) and word and "\0" not in word for word in command):
         raise ValueError("the command must be a non-empty list of non-empty strings")
     job = rank_job(alloc, ranks, job_name, f"{job_dir}/output.log", job_dir)
     return "\n".join(["#!/bin/bash", *sched.rank_job_header(job), *_prologue(sched),
-                      f"exec {python} -m jupyter_hpcdl.job.launch --image={image} --label "
+                      f"exec {python} -m jupyter_hpcdl.job.launch --backend={backend} --image={image} --label "
                       f"--status-file={job_dir}/status.json -- " + shlex.join(command)]) + "\n"

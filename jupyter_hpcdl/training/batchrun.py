@@ -145,10 +145,12 @@ class BatchRun:
                command: Sequence[str] | None = None, ranks: int = 2, nodes: int = 1,
                walltime: str | int = "00:30:00", partition: str | None = None, account: str | None = None,
                gpus_per_rank: int | None = None, image: str | None = None, name: str = "batch",
-               directory: str | os.PathLike | None = None, where: str = "auto") -> "BatchRun":
-        """Run the Python ``script`` with ``args`` (or any ``command``) as ``ranks`` ranks of the site's training
-        backend (``HPCDL_BACKEND``): Horovod's join one world at ``hvd.init()``, PyTorch's at a torchrun script's
-        ``init_process_group()`` (the command must then be ``python script.py ...``). In a job: ``nodes`` nodes, ``gpus_per_rank`` GPUs each, the ``walltime``,
+               directory: str | os.PathLike | None = None, where: str = "auto",
+               backend: str | None = None) -> "BatchRun":
+        """Run the Python ``script`` with ``args`` (or any ``command``) as ``ranks`` ranks of the training
+        ``backend`` (by default this kernel's ``HPCDL_BACKEND``, else "horovod"): Horovod's join one world at
+        ``hvd.init()``, PyTorch's (``backend="torch"``) at a torchrun script's ``init_process_group()`` (the command
+        must then be ``python script.py ...``). In a job: ``nodes`` nodes, ``gpus_per_rank`` GPUs each, the ``walltime``,
         ``partition`` and ``account`` of the new job (``gpus_per_rank`` by default one where this kernel's job has GPUs,
         as its own tasks do), ranks in the container of ``image`` (by default the one this kernel runs in). Locally: ``ranks``
         processes, ended at the walltime. Returns once the run is submitted (or started), not when it ends."""
@@ -168,7 +170,8 @@ class BatchRun:
         command = list(command)
         if not command or not all(isinstance(word, str) and word for word in command):
             raise ValueError("the command must be a non-empty list of non-empty strings")
-        load_backend().rank_command(command)  # a command the site's backend cannot start as ranks fails here
+        backend = load_backend(backend)
+        backend.rank_command(command)  # a command the backend cannot start as ranks fails here
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         directory = Path(directory).expanduser().resolve() if directory else batch_root() / f"{name}-{stamp}"
         check_job_dir(str(directory))
@@ -189,12 +192,12 @@ class BatchRun:
                 alloc = replace(alloc, gpus_per_rank=1)
             offered = within_offer(alloc, ranks, image or kernel_image(), told.get("offer"), getpass.getuser())
             text = batch_run_script(owners_scheduler(told), offered.alloc, ranks, str(directory), told["host_python"],
-                                    offered.image_ref, command, f"hpcdl-batch-{name}")
+                                    offered.image_ref, command, f"hpcdl-batch-{name}", backend.name)
         elif not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= 256:
             raise ValueError(f"ranks must be a whole number from 1 to 256 on this machine, not {ranks!r}")
         directory.mkdir(parents=True, exist_ok=False)
         record = {"where": where, **({"scheduler": scheduler} if scheduler else {}), "name": name, "ranks": ranks,
-                  "command": command, "submitted_at": time.time(), "walltime_s": minutes * 60}
+                  "backend": backend.name, "command": command, "submitted_at": time.time(), "walltime_s": minutes * 60}
         try:
             if where == "batch":
                 job_file = directory / "job.sh"
@@ -202,7 +205,7 @@ class BatchRun:
                 reply = request(sock, "POST", "/jobs", {"batch_file": str(job_file), "keep": True})
                 record["job_id"] = reply["job_id"]
             else:
-                record.update(cls._start_local(directory, ranks, minutes * 60, command))
+                record.update(cls._start_local(directory, ranks, minutes * 60, command, backend.name))
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)  # nothing was submitted: leave no half-made run behind
             raise
@@ -210,8 +213,9 @@ class BatchRun:
         return cls(directory, record)
 
     @staticmethod
-    def _start_local(directory: Path, ranks: int, time_limit_s: int, command: list[str]) -> dict:
-        argv = [sys.executable, "-m", "jupyter_hpcdl.job.launch", f"--local={ranks}", f"--time-limit={time_limit_s}",
+    def _start_local(directory: Path, ranks: int, time_limit_s: int, command: list[str], backend: str) -> dict:
+        argv = [sys.executable, "-m", "jupyter_hpcdl.job.launch", f"--backend={backend}", f"--local={ranks}",
+                f"--time-limit={time_limit_s}",
                 "--label", f"--status-file={directory / 'status.json'}", "--", *command]
         with open(directory / "output.log", "ab") as log:
             proc = start_group(argv, cwd=directory, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
