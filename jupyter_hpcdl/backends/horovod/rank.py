@@ -11,6 +11,7 @@ import socket
 from . import hvd
 from . import checkpoint as checkpoints
 from ..publication import TrainingStopped
+from ..agreement import Together
 from ..base import user_callbacks
 from .rank_callbacks import make_callbacks, ordered
 from .rank_data import batches_per_pass, load_shard, training_stream, validation_stream
@@ -88,22 +89,19 @@ def build(spec) -> dict:
     every rank joins, so one rank's error never leaves the others waiting)."""
     import tensorflow as tf
 
-    failure, mine = None, 0
+    mine = 0
     rank, size = hvd.rank(), hvd.size()
-    try:
+    with Together(hvd.allreduce_max, "hpcdl.steps", "build its model or data") as part:
         tf.keras.utils.set_random_seed(spec.seed)
         model = compile_for_world(spec.model_fn(), spec)
         shard = load_shard(spec.data, rank, size)
         validation = load_shard(spec.validation_data, rank, size)
         mine = batches_per_pass(shard, spec.batch_size, spec.steps_per_epoch)
-    except Exception as e:  # noqa: BLE001 - re-raised below, after the collective every rank must join
-        failure = e
-    steps, others_failed = agreed_steps(mine, failure is not None)
-    if failure is not None:
-        raise failure
-    if others_failed:
-        raise RuntimeError("another rank could not build its model or data (its own error is reported too)")
-    steps = spec.steps_per_epoch or steps
+    # the steps of every epoch, the same on every rank: the most any rank needs for one pass over its shard.
+    # Uneven shards would otherwise deadlock (a rank with one batch fewer leaves the epoch while its peers wait in
+    # the next gradient allreduce); ranks with smaller shards wrap around (each shard is read pass after pass).
+    agreed = int(part.agree([mine])[0])
+    steps = spec.steps_per_epoch or agreed
     _STATE.update(model=model, spec=spec, shard=shard, validation=validation, per_pass=mine, steps=steps,
                   broadcast_done=False, progress={"epochs_done": 0, "batches_done": 0})
     return {"rank": rank, "samples": shard.samples, "steps_per_epoch": steps, "batches_per_pass": mine,
@@ -121,15 +119,6 @@ def current_lr(optimizer) -> float | None:
         return float(tf.keras.backend.get_value(optimizer.learning_rate))
     except (TypeError, ValueError):
         return None
-
-
-def agreed_steps(mine: int, failed: bool) -> tuple[int, bool]:
-    """The steps of every epoch, the same on every rank: the most any rank needs for one pass over its shard
-    (``mine`` is this rank's); and whether any rank failed to build. Uneven shards would otherwise deadlock (a rank
-    with one batch fewer leaves the epoch while its peers wait in the next gradient allreduce); ranks with smaller
-    shards wrap around (no sample is dropped: each shard is read pass after pass)."""
-    steps, failed_anywhere = hvd.allreduce_max([mine, float(failed)], "hpcdl.steps")
-    return int(steps), bool(failed_anywhere)
 
 
 def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 20, min_interval: float = 0.0) -> dict:

@@ -65,8 +65,9 @@ def metrics_of(metrics) -> dict[str, Callable]:
     return dict(items)
 
 
-def model_parts(made, compile_spec) -> ModelParts:
-    """``made`` (what ``model_fn`` returned) and the session's short form (``loss``, ``metrics``, ``lr``)."""
+def model_parts(made, compile_spec, device=None) -> ModelParts:
+    """``made`` (what ``model_fn`` returned) and the session's short form (``loss``, ``metrics``, ``lr``), the
+    module moved to ``device`` (in place: a user's optimizer keeps its parameters) before the session's SGD."""
     import torch
 
     optimizer = scheduler = None
@@ -91,6 +92,8 @@ def model_parts(made, compile_spec) -> ModelParts:
         raise ValueError("give the loss to setup(): loss=torch.nn.CrossEntropyLoss() (or another callable "
                          "(output, target), or a name such as 'cross_entropy'); metrics=['accuracy'] adds accuracy")
     user_optimizer = optimizer is not None
+    if device is not None:
+        model.to(device)
     if optimizer is None:
         optimizer = torch.optim.SGD(model.parameters(), lr=compile_spec.lr)
     return ModelParts(model, optimizer, scheduler, loss_of(compile_spec.loss), metrics_of(compile_spec.metrics),

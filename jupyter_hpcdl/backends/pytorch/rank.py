@@ -9,6 +9,7 @@ import os
 import socket
 import time
 
+from ..agreement import Together
 from ..base import user_callbacks
 from ..progress import Progress
 from ..publication import TrainingStopped
@@ -36,40 +37,23 @@ def join(env: dict) -> dict:
             "container_mode": os.environ.get("HPCDL_CONTAINER_MODE")}
 
 
-def agreed_steps(mine: int, failed: bool) -> tuple[int, bool]:
-    """The steps of every epoch, the same on every rank (the most any rank needs for one pass over its shard), and
-    whether any rank failed to build: one collective that every rank joins, even one that failed."""
-    steps, failed_anywhere = dist.allreduce_max([mine, float(failed)], "hpcdl.steps")
-    return int(steps), bool(failed_anywhere)
-
-
 def build(spec) -> dict:
     """Build the user's module, optimizer and data on this rank, agree on the steps of an epoch, then wrap the
     module in ``DistributedDataParallel`` (which starts every rank from rank 0's parameters)."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    failure, mine = None, 0
+    mine = 0
     rank, size, device = dist.rank(), dist.size(), dist.device()
-    try:
+    with Together(dist.allreduce_max, "hpcdl.steps", "build its model or data") as part:
         torch.manual_seed(spec.seed)
-        made = spec.model_fn()
-        if isinstance(made, torch.nn.Module):
-            made.to(device)  # before the session's SGD is made over its parameters
-        parts = model_parts(made, spec.compile)
-        parts.model.to(device)
+        parts = model_parts(spec.model_fn(), spec.compile, device)
         if spec.scale_lr:
             scale_learning_rate(parts, size)
         shard = load_shard(spec.data, rank, size)
         validation = load_shard(spec.validation_data, rank, size)
         mine = batches_per_pass(shard, spec.batch_size, spec.steps_per_epoch)
-    except Exception as e:  # noqa: BLE001 - re-raised below, after the collective every rank must join
-        failure = e
-    steps, others_failed = agreed_steps(mine, failure is not None)
-    if failure is not None:
-        raise failure
-    if others_failed:
-        raise RuntimeError("another rank could not build its model or data (its own error is reported too)")
+    steps = int(part.agree([mine])[0])  # the most any rank needs for one pass over its shard; the same on all
     wrapped = DistributedDataParallel(parts.model, device_ids=[device.index] if device.type == "cuda" else None)
     _STATE.update(parts=parts, wrapped=wrapped, spec=spec, shard=shard, validation=validation, per_pass=mine,
                   steps=spec.steps_per_epoch or steps, device=device,
@@ -205,17 +189,11 @@ def load(path: str) -> dict:
     """Every rank reads the checkpoint (on the shared file system) and continues from it: the same parameters,
     optimizer state, scheduler, epoch, and — in a world of the same size — the same place in the data. The ranks
     agree that each read it (one collective every rank joins), so none goes on with other weights."""
-    parts, failure, saved = _STATE["parts"], None, None
-    try:
+    parts = _STATE["parts"]
+    with Together(dist.allreduce_max, "hpcdl.load", "read the checkpoint", "this rank's model is loaded from it, "
+                  "resume again once every rank can read it") as part:
         saved = checkpoint.load(path, parts.model, parts.optimizer, parts.scheduler, _STATE["device"])
-    except Exception as e:  # noqa: BLE001 - re-raised below, after the collective every rank must join
-        failure = e
-    others_failed = dist.allreduce_max([float(failure is not None)], "hpcdl.load")[0] > 0
-    if failure is not None:
-        raise failure
-    if others_failed:
-        raise RuntimeError("another rank could not read the checkpoint (its own error is reported too): this "
-                           "rank's model is loaded from it, resume again once every rank can read it")
+    part.agree()
     _STATE["progress"] = {"epochs_done": saved.progress.epochs_done,
                           "batches_done": saved.progress.start_batch(dist.size(), _STATE["steps"]),
                           "optimizer_steps": saved.optimizer_steps}
