@@ -1,13 +1,14 @@
 """How long a session takes to be ready, against plain ipyparallel engines that import the same stack, in
-alternating rounds on this machine (local engines; engines in containers in a job are measured on the bed by
-``training_interactive.py``).
+alternating rounds on this machine (local engines, and with ``--image`` local engines in the user's containers).
 
 - baseline: ``ipyparallel.Cluster(n=N)``: the controller, N engines connected, then TensorFlow and Horovod imported
   on every engine, each part timed;
 - session: ``TrainingSession(ranks=N, where="local").start()`` (the same, plus the session's rendezvous and every
-  rank joining one Horovod world), and its ``close()``.
+  rank joining one Horovod world), and its ``close()``;
+- containers (``--image``): the session with each engine in a container of the image
+  (``containers=True``), as a job's ranks run on their node; the baseline stays plain local engines.
 
-    runuser -u alice -- /opt/jupyter-hpcdl/venv/bin/python benchmarks/start_profile.py --rounds 5
+    runuser -u alice -- /opt/jupyter-hpcdl/venv/bin/python benchmarks/start_profile.py --rounds 5 --image hpcdl/base:latest
 
 Prints one JSON line per round and a summary: medians with the spread (min, max) and the ratio session/baseline per
 round."""
@@ -54,9 +55,10 @@ def baseline(ranks: int, timeout: float) -> dict:
             "ready_s": t_ready - t0, "stop_s": time.perf_counter() - t_ready}
 
 
-def session(ranks: int, timeout: float) -> dict:
+def session(ranks: int, timeout: float, image: str | None = None) -> dict:
     t0 = time.perf_counter()
-    s = TrainingSession(ranks=ranks, where="local", start_timeout=timeout)
+    s = TrainingSession(ranks=ranks, where="local", start_timeout=timeout,
+                        **({"containers": True, "image": image} if image else {}))
     try:
         s.start()
         t_ready = time.perf_counter()
@@ -71,15 +73,20 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0, help="for each start")
+    p.add_argument("--image", help="also start the session's engines in containers of this image (pulled already)")
     args = p.parse_args()
     if args.rounds < 1 or args.ranks < 1:
         p.error("--rounds and --ranks at least 1")
     rows = []
     for r in range(args.rounds):
         row = {"round": r}
-        for which in (("baseline", "session") if r % 2 == 0 else ("session", "baseline")):
-            row[which] = baseline(args.ranks, args.timeout) if which == "baseline" else session(args.ranks, args.timeout)
+        variants = ["baseline", "session", *(["containers"] if args.image else [])]
+        for which in variants[r % len(variants):] + variants[:r % len(variants)]:  # the order rotates
+            row[which] = (baseline(args.ranks, args.timeout) if which == "baseline" else
+                          session(args.ranks, args.timeout, args.image if which == "containers" else None))
         row["ratio"] = row["session"]["ready_s"] / row["baseline"]["ready_s"]
+        if args.image:
+            row["ratio_containers"] = row["containers"]["ready_s"] / row["baseline"]["ready_s"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     summary = {
@@ -88,6 +95,10 @@ def main() -> int:
         "session": {k: spread([row["session"][k] for row in rows]) for k in rows[0]["session"]},
         "ratio_session_over_baseline": spread([row["ratio"] for row in rows]),
     }
+    if args.image:
+        summary.update(image=args.image,
+                       containers={k: spread([row["containers"][k] for row in rows]) for k in rows[0]["containers"]},
+                       ratio_containers_over_baseline=spread([row["ratio_containers"] for row in rows]))
     print(json.dumps(summary, indent=2))
     return 0
 
