@@ -146,6 +146,32 @@ def test_arrays_a_npz_path_and_scaled_learning_rate(session, tmp_path):
     assert session.fit(epochs=1).epochs_done == 1
 
 
+def batchnorm_model():
+    """A model with BatchNormalization: its moving statistics are updated from each rank's own batches (Horovod
+    averages gradients, not them), so they differ between ranks fed different data."""
+    import tensorflow as tf
+    model = tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(32),
+                                 tf.keras.layers.BatchNormalization(), tf.keras.layers.ReLU(),
+                                 tf.keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def moving_statistics() -> list[float]:
+    """The sums of this rank's non-trainable weights (BatchNormalization's moving mean and variance)."""
+    from jupyter_hpcdl.backends.horovod.rank import _STATE
+    return [float(w.numpy().sum()) for w in _STATE["model"].non_trainable_weights]
+
+
+def test_batch_normalization_on_different_shards_is_not_taken_for_diverged_weights(session):
+    session.setup(batchnorm_model, digits_arrays(), batch_size=64)  # every other sample on each rank
+    done = session.fit(epochs=2)  # raised WorldDiverged when the digest covered the moving statistics
+    assert done.epochs_done == 2 and done.history[0]["loss"][-1] < done.history[0]["loss"][0]
+    stats = session.run(moving_statistics)
+    assert stats[0] != stats[1], "the ranks' moving statistics are equal: this test no longer shows anything"
+    assert isinstance(session.weights_digest(), str)  # the trained weights are the same on both ranks
+
+
 def test_bad_input_says_what_to_fix(session, tmp_path):
     with pytest.raises(ValueError, match="no file .*missing.npz"):
         session.setup(adam_model, str(tmp_path / "missing.npz"))

@@ -148,9 +148,12 @@ def shard_size() -> dict:
 
 
 def weights_digest() -> str:
+    """A digest of the model's trainable weights, which data-parallel training keeps equal on every rank. Not the
+    non-trainable ones: BatchNormalization's moving statistics follow each rank's own batches (Horovod averages
+    gradients, not them; rank 0's are the ones a checkpoint keeps)."""
     h = hashlib.sha256()
-    for w in _STATE["model"].get_weights():
-        h.update(w.tobytes())
+    for w in _STATE["model"].trainable_weights:
+        h.update(w.numpy().tobytes())
     return h.hexdigest()
 
 
