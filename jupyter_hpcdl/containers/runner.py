@@ -161,24 +161,32 @@ def start_prepared(plan: dict, private_dir: str | None = None,
     return proc, ""
 
 
+class _Stopping(Exception):
+    """SIGTERM or SIGHUP arrived while the container ran."""
+
+
+def _raise_stopping(*_) -> None:
+    raise _Stopping
+
+
 def run_foreground(proc: ContainerProcess) -> int:
     """Wait for the container; SIGINT reaches the program inside (a kernel interrupt), SIGTERM/SIGHUP stop the
-    whole container tree."""
+    whole container tree. The stop runs after the wait is left, not inside the signal handler: there, Popen's
+    wait holds its lock, so the stop could not reap the command it ended and would wait out its timeout."""
     signal.signal(signal.SIGINT, lambda *_: proc.signal_payload(signal.SIGINT))
-    stopping = []
-
-    def stop(*_):
-        stopping.append(True)
+    signal.signal(signal.SIGTERM, _raise_stopping)
+    signal.signal(signal.SIGHUP, _raise_stopping)
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except InterruptedError:
+                continue
+    except _Stopping:
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # one stop at a time; a second signal changes nothing
+            signal.signal(sig, signal.SIG_IGN)
         proc.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
-    while True:
-        try:
-            rc = proc.wait()
-            return 143 if stopping else rc
-        except InterruptedError:
-            continue
+        return 143
 
 
 def _name(p: psutil.Process) -> str:
