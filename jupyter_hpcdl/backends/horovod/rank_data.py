@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base import NpzFile
-from ..sharding import array_shard, checked_pair, npz_shard, pass_seed
+from ..sharding import pass_seed, user_shard
 
 
 @dataclass
@@ -30,18 +30,8 @@ def load_shard(data, rank: int, size: int) -> Shard | None:
     """The user's data in any of its forms (see ``spec.check_data``) as this rank's shard."""
     import tensorflow as tf
 
-    if data is None:
-        return None
-    if isinstance(data, NpzFile):
-        return Shard(*npz_shard(data, rank, size))
-    if isinstance(data, tuple):
-        return Shard(*array_shard(*data, rank, size))
-    made = data(rank, size)
-    if isinstance(made, tf.data.Dataset):
-        return Shard(dataset=made)
-    if isinstance(made, (tuple, list)) and len(made) == 2:
-        return Shard(*checked_pair(made, rank))
-    raise ValueError(f"the data function must return (x, y) or a batched tf.data.Dataset, not {type(made).__name__}")
+    return user_shard(data, rank, size, Shard, lambda made: isinstance(made, tf.data.Dataset),
+                      "(x, y) or a batched tf.data.Dataset")
 
 
 def batches_per_pass(shard: Shard, batch_size: int, steps_per_epoch: int | None = None) -> int:

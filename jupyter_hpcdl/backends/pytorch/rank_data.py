@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..base import NpzFile
-from ..sharding import array_shard, checked_pair, npz_shard, pass_seed
+from ..sharding import pass_seed, user_shard
 
 
 @dataclass
@@ -41,24 +41,20 @@ def load_shard(data, rank: int, size: int) -> Shard | None:
     """The user's data in any of its forms (see ``spec.check_data``) as this rank's shard: ``(x, y)`` arrays or
     tensors (every size-th sample), a ``.npz`` file, or a function ``(rank, size)`` returning this rank's ``(x, y)``,
     a map-style ``Dataset`` of ``(x, y)`` samples or a ``DataLoader`` of ``(x, y)`` batches."""
+    return user_shard(data, rank, size, Shard, _torch_data, "(x, y), a torch Dataset of (x, y) samples or a "
+                      "DataLoader of (x, y) batches")
+
+
+def _torch_data(made) -> bool:
+    """Whether ``made`` is a ``DataLoader`` or a map-style ``Dataset`` (an iterable one is refused)."""
     from torch.utils.data import Dataset
 
-    if data is None:
-        return None
-    if isinstance(data, NpzFile):
-        return Shard(*npz_shard(data, rank, size))
-    if isinstance(data, tuple):
-        return Shard(*array_shard(*data, rank, size))
-    made = data(rank, size)
-    if _is_loader(made) or isinstance(made, Dataset):
-        if not _is_loader(made) and not hasattr(made, "__len__"):
-            raise ValueError("the data function gave an iterable Dataset: wrap it in a DataLoader that batches it "
-                             "and give steps_per_epoch=")
-        return Shard(dataset=made)
-    if isinstance(made, (tuple, list)) and len(made) == 2:
-        return Shard(*checked_pair(made, rank))
-    raise ValueError("the data function must return (x, y), a torch Dataset of (x, y) samples or a DataLoader of "
-                     f"(x, y) batches, not {type(made).__name__}")
+    if _is_loader(made):
+        return True
+    if isinstance(made, Dataset) and not hasattr(made, "__len__"):
+        raise ValueError("the data function gave an iterable Dataset: wrap it in a DataLoader that batches it and "
+                         "give steps_per_epoch=")
+    return isinstance(made, Dataset)
 
 
 def batches_per_pass(shard: Shard, batch_size: int, steps_per_epoch: int | None = None) -> int:
