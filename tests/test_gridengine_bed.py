@@ -153,6 +153,27 @@ def test_hpcdl_launch_joins_ranks_in_containers_into_one_horovod_world(bed, alic
     assert all(r["allreduce_sum"] == 3.0 and r["image"] == bed["identity"] and r["uid"] == alice.uid for r in ranks)
 
 
+def test_an_unchanged_torchrun_script_runs_as_pytorch_ranks_one_on_each_host(bed, alice, queue):
+    """``hpcdl-launch --backend torch``: each task (``qrsh -inherit``, which passes only what is named) is told its
+    backend on its command line and joins the world through the launcher's file store."""
+    out = Path(alice.home, "sge-launch.out")
+    out.unlink(missing_ok=True)
+    example = Path(__file__).resolve().parents[1] / "examples" / "torchrun_digits.py"
+    train = alice.write(Path(alice.home) / "torchrun_digits.py", example.read_text())
+    pe = bedconfig.SGE_PE_MULTI_NODE.format(gpus_per_node=1)
+    script = launch_job(alice, f"hpcdl-launch --backend torch --label --image=hpcdl/torch:latest -- "
+                               f"python3 {train} --epochs 1", pe=pe)
+    try:
+        job_id = SGE.parse_submit(alice.run("qsub", "-terse", "-v", "PATH", input=script, check=True).stdout)
+        info = asyncio.run(wait_phase(queue, job_id, {ENDED}, timeout=240))
+        text = out.read_text()
+    finally:
+        Path(train).unlink(missing_ok=True)
+    assert info.exit_code == "0", text[-3000:]
+    assert "0: final loss" in text and "every rank exited with 0" in text, text[-3000:]
+    assert not list(Path(alice.home).glob(".hpcdl-torch-*")), "the launcher left its store behind"
+
+
 def test_a_failing_rank_ends_the_others_and_gives_the_jobs_exit_code(bed, alice, queue):
     out = Path(alice.home, "sge-launch.out")
     out.unlink(missing_ok=True)
