@@ -16,7 +16,7 @@ from ..publication import TrainingStopped
 from . import checkpoint, dist
 from .model import current_lr, model_parts, scale_learning_rate
 from .rank_data import batches_per_pass, load_shard, training_stream, validation_batches
-from .rank_steps import StepWatch
+from .rank_steps import step_watch
 
 _STATE: dict = {}
 
@@ -102,7 +102,7 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
         raise RuntimeError("this rank has no model: setup() builds one")
     parts, wrapped, spec, progress = _STATE["parts"], _STATE["wrapped"], _STATE["spec"], _STATE["progress"]
     rank, size = dist.rank(), dist.size()
-    watch = StepWatch(stop_file, publish_every, check_every, min_interval)
+    watch = step_watch(stop_file, publish_every, check_every, min_interval)
     callbacks = user_callbacks(spec.callbacks, rank, size)
     stream = training_stream(_STATE["shard"], spec.batch_size, spec.seed, rank, spec.shuffle,
                              progress["batches_done"], _STATE["per_pass"], _STATE["device"])
@@ -142,7 +142,7 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
             progress["epochs_done"] += 1
             for callback in callbacks:
                 (getattr(callback, "on_epoch_end", None) or callback)(epoch - 1, dict(logs))
-            watch.epoch_end(epoch, logs)
+            watch.epoch_end(epoch, logs.get("loss"), {k: v for k, v in logs.items() if k != "loss"})
     except TrainingStopped as e:
         stopped = str(e)
     return {"rank": rank, "history": history, "stopped": stopped, "epochs_done": progress["epochs_done"],

@@ -11,7 +11,7 @@ import time
 from ...figures import reported
 from ..scriptrun import run_main
 from . import dist
-from .rank_steps import StepWatch
+from .rank_steps import step_watch
 
 
 @contextlib.contextmanager
@@ -42,10 +42,10 @@ def joined_world():
 @contextlib.contextmanager
 def session_steps(stop_file: str, publish_every: int, check_every: int, min_interval: float):
     """While the script runs: its process group calls meet the session's world (:func:`joined_world`), and each
-    optimizer step is watched (:class:`.rank_steps.StepWatch`)."""
+    optimizer step is watched (:class:`jupyter_hpcdl.backends.steps.StepWatch`)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    watch = StepWatch(stop_file, publish_every, check_every, min_interval)
+    watch = step_watch(stop_file, publish_every, check_every, min_interval)
     progress = {"steps": 0, "last": time.perf_counter()}
 
     def after_step(optimizer, args, kwargs):
