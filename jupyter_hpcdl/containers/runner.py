@@ -161,11 +161,17 @@ def start_prepared(plan: dict, private_dir: str | None = None,
     return proc, ""
 
 
+#: The signals that stop a container's whole tree.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 class _Stopping(Exception):
     """SIGTERM or SIGHUP arrived while the container ran."""
 
 
 def _raise_stopping(*_) -> None:
+    for sig in STOP_SIGNALS:  # one stop: a second signal changes nothing
+        signal.signal(sig, signal.SIG_IGN)
     raise _Stopping
 
 
@@ -174,19 +180,20 @@ def run_foreground(proc: ContainerProcess) -> int:
     whole container tree. The stop runs after the wait is left, not inside the signal handler: there, Popen's
     wait holds its lock, so the stop could not reap the command it ended and would wait out its timeout."""
     signal.signal(signal.SIGINT, lambda *_: proc.signal_payload(signal.SIGINT))
-    signal.signal(signal.SIGTERM, _raise_stopping)
-    signal.signal(signal.SIGHUP, _raise_stopping)
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
-        while True:
-            try:
-                return proc.wait()
-            except InterruptedError:
-                continue
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _raise_stopping)
+        return proc.wait()
     except _Stopping:
-        for sig in (signal.SIGTERM, signal.SIGHUP):  # one stop at a time; a second signal changes nothing
-            signal.signal(sig, signal.SIG_IGN)
+        ended = proc.poll()  # the command may have ended just before the signal
+        if ended is not None:
+            return ended
         proc.stop()
         return 143
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _name(p: psutil.Process) -> str:

@@ -1,0 +1,55 @@
+"""``hpcdl-containers run``'s foreground wait (``containers/runner.run_foreground``), over a plain process group
+(the signal handling is the same whatever runs inside): a stop signal ends the whole tree and the run with 143,
+a second signal during the stop changes nothing, and a command's own end keeps its exit code."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = str(Path(__file__).resolve().parents[1])
+#: The foreground run of ``argv[1:]``; the command prints its pid first.
+RUN = textwrap.dedent("""
+    import os, sys
+    from jupyter_hpcdl.containers.runner import ContainerProcess, run_foreground
+    sys.exit(run_foreground(ContainerProcess(sys.argv[1:], os.environ)))
+""")
+
+
+def start(command: str) -> tuple[subprocess.Popen, psutil.Process]:
+    run = subprocess.Popen([sys.executable, "-c", RUN, "sh", "-c", command], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    pid = int(run.stdout.readline())  # the command is up, and so is the wait (it started the command)
+    return run, psutil.Process(pid)
+
+
+def gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_stop_signal_ends_the_tree_and_the_run_with_143_even_when_repeated():
+    for signals in ([signal.SIGTERM], [signal.SIGHUP, signal.SIGTERM, signal.SIGTERM]):
+        run, command = start("echo $$; trap 'sleep 1; exit 0' TERM; sleep 300 & wait")
+        child = command.children()
+        for sig in signals:
+            run.send_signal(sig)
+            time.sleep(0.05)
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 143, err
+        assert "Traceback" not in err, err
+        assert gone(command) and all(gone(p) for p in child), "the container's tree was left running"
+
+
+def test_the_commands_own_end_keeps_its_exit_code():
+    run, _ = start("echo $$; exit 7")
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 7 and "Traceback" not in err, err
