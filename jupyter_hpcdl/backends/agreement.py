@@ -32,7 +32,12 @@ class Together:
     def agree(self, values: Sequence[float] = ()) -> list[float]:
         """The elementwise maximum of ``values`` over every rank (a failed rank gives what it had), once every
         rank's part succeeded; raises otherwise."""
-        *maxed, failed = self.allreduce_max([*map(float, values), float(self.failure is not None)], self.name)
+        try:
+            *maxed, failed = self.allreduce_max([*map(float, values), float(self.failure is not None)], self.name)
+        except Exception as e:
+            if self.failure is not None:  # this rank's own error says more than the collective's
+                raise self.failure from e
+            raise
         if self.failure is not None:
             raise self.failure
         if failed:
