@@ -23,7 +23,8 @@ from jupyter_hpcdl.batchsystems.gridengine import GridEngine
 from jupyter_hpcdl.batchsystems.slurm import Slurm
 
 PY = sys.executable
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TF_CPP_MIN_LOG_LEVEL": "3"}
+ENV = {**{k: v for k, v in os.environ.items() if k != "HPCDL_BACKEND"},  # each test names its backend
+       "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "TF_CPP_MIN_LOG_LEVEL": "3"}
 #: A Horovod rank: joins the world, sums the ranks, rank 1 exits with the code given (0 by default).
 RANK = textwrap.dedent("""
     import sys

@@ -9,7 +9,8 @@ container, joined over loopback, and ends them at ``--time-limit``::
     hpcdl-launch --local 2 --time-limit 600 -- python3 train.py
 
 ``--backend`` names the training backend whose ranks to start (default: ``$HPCDL_BACKEND``, else Horovod's); with
-``--backend torch`` the command is ``python3 script.py ARGS`` of an unchanged ``torchrun`` script.
+``--backend torch`` the command is ``python3 script.py ARGS`` (or ``python3 -m module ARGS``) of an unchanged
+``torchrun`` script.
 ``--status-file`` writes the ranks' exit code when they end, as JSON (``jupyter_hpcdl.training.batchrun`` collects it).
 """
 from __future__ import annotations

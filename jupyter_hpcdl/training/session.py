@@ -276,7 +276,8 @@ class TrainingSession:
         return self._fitting.shard_sizes()
 
     def weights_digest(self) -> str:
-        """A digest of the model's weights, the same on every rank (else :class:`WorldDiverged`)."""
+        """A digest of the model's trainable weights (PyTorch: its parameters), the same on every rank (else
+        :class:`WorldDiverged`); not BatchNormalization's moving statistics, which follow each rank's batches."""
         return self._fitting.weights_digest()
 
     def set_lr(self, lr: float) -> list[float]:

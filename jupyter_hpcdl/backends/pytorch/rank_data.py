@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ..base import NpzFile
 from ..sharding import pass_seed, user_shard
 
 
