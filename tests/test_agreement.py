@@ -64,3 +64,18 @@ def test_what_is_not_an_exception_is_not_held():
     with pytest.raises(KeyboardInterrupt):
         with Together(lambda values, name: values, "n", "x"):
             raise KeyboardInterrupt
+
+
+def test_a_failed_collective_still_reports_this_ranks_own_error():
+    def broken(values, name):
+        raise RuntimeError("the peer is gone")
+
+    with pytest.raises(ValueError, match="no 'y'") as raised:
+        with Together(broken, "n", "read its data") as part:
+            raise ValueError("this rank's data has no 'y'")
+        part.agree()
+    assert "the peer is gone" in str(raised.value.__cause__)
+    with pytest.raises(RuntimeError, match="the peer is gone"):  # a rank without an error of its own
+        with Together(broken, "n", "read its data") as part:
+            pass
+        part.agree()
