@@ -193,7 +193,7 @@ def run_foreground(proc: ContainerProcess) -> int:
         return 143
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
 
 
 def _name(p: psutil.Process) -> str:
