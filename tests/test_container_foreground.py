@@ -22,10 +22,23 @@ RUN = textwrap.dedent("""
 """)
 
 
-def start(command: str) -> tuple[subprocess.Popen, psutil.Process]:
+def catches(pid: int, *signals: int) -> bool:
+    """Whether process ``pid`` has handlers of its own for all of ``signals`` (``SigCgt`` in its status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return all(caught >> (sig - 1) & 1 for sig in signals)
+
+
+def start(command: str, caught: bool = True) -> tuple[subprocess.Popen, psutil.Process]:
+    """The foreground run of ``command`` and the command's process, once the run catches the stop signals (a
+    signal before that would meet the default action, as for any process that has not started yet)."""
     run = subprocess.Popen([sys.executable, "-c", RUN, "sh", "-c", command], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
-    pid = int(run.stdout.readline())  # the command is up, and so is the wait (it started the command)
+    pid = int(run.stdout.readline())  # the command is up
+    deadline = time.monotonic() + 30
+    while caught and not catches(run.pid, signal.SIGTERM, signal.SIGHUP):
+        assert time.monotonic() < deadline, "the foreground run never caught SIGTERM and SIGHUP"
+        time.sleep(0.01)
     return run, psutil.Process(pid)
 
 
@@ -50,6 +63,6 @@ def test_a_stop_signal_ends_the_tree_and_the_run_with_143_even_when_repeated():
 
 
 def test_the_commands_own_end_keeps_its_exit_code():
-    run, _ = start("echo $$; exit 7")
+    run, _ = start("echo $$; exit 7", caught=False)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 7 and "Traceback" not in err, err
