@@ -29,7 +29,7 @@ def catches(pid: int, *signals: int) -> bool:
     return all(caught >> (sig - 1) & 1 for sig in signals)
 
 
-def start(command: str, caught: bool = True) -> tuple[subprocess.Popen, psutil.Process]:
+def start(command: str, caught: bool = True) -> tuple[subprocess.Popen, int]:
     """The foreground run of ``command`` and the command's process, once the run catches the stop signals (a
     signal before that would meet the default action, as for any process that has not started yet)."""
     run = subprocess.Popen([sys.executable, "-c", RUN, "sh", "-c", command], stdout=subprocess.PIPE,
@@ -39,7 +39,7 @@ def start(command: str, caught: bool = True) -> tuple[subprocess.Popen, psutil.P
     while caught and not catches(run.pid, signal.SIGTERM, signal.SIGHUP):
         assert time.monotonic() < deadline, "the foreground run never caught SIGTERM and SIGHUP"
         time.sleep(0.01)
-    return run, psutil.Process(pid)
+    return run, pid
 
 
 def gone(proc: psutil.Process) -> bool:
@@ -51,7 +51,8 @@ def gone(proc: psutil.Process) -> bool:
 
 def test_a_stop_signal_ends_the_tree_and_the_run_with_143_even_when_repeated():
     for signals in ([signal.SIGTERM], [signal.SIGHUP, signal.SIGTERM, signal.SIGTERM]):
-        run, command = start("echo $$; trap 'sleep 1; exit 0' TERM; sleep 300 & wait")
+        run, pid = start("echo $$; trap 'sleep 1; exit 0' TERM; sleep 300 & wait")
+        command = psutil.Process(pid)  # it waits for its sleep: up until the signal
         child = command.children()
         for sig in signals:
             run.send_signal(sig)
