@@ -13,20 +13,16 @@ from .gpu import RankGpu
 from .publication import TrainingStopped, publish
 
 
-def _no_gpu_memory() -> float | None:
-    return None
-
-
 class StepWatch:
     """Publishes this rank's step figures every ``publish_every`` steps, but at most every ``min_interval``
     seconds (and each slow step, one second apart); every ``check_every`` steps each rank looks for the stop file
     and all agree (``allreduce_max``, the maximum over the ranks), so they leave training at the same step.
-    ``gpu_index``: this rank's GPU for the driver's figures (None without one); ``gpu_memory_mb``: the framework's
-    own memory in use on it."""
+    ``gpu_index``: this rank's GPU for the driver's figures, ``gpu_memory_mb``: the framework's own memory in use
+    on it (None for both without one)."""
 
     def __init__(self, rank: int, allreduce_max: AllreduceMax, stop_file: str, publish_every: int = 5,
                  check_every: int = 20, min_interval: float = 0.0, gpu_index: int | None = None,
-                 gpu_memory_mb: Callable[[], float | None] = _no_gpu_memory):
+                 gpu_memory_mb: Callable[[], float] | None = None):
         import psutil
 
         self.rank, self.allreduce_max, self.stop_file = rank, allreduce_max, stop_file
@@ -39,13 +35,13 @@ class StepWatch:
     def _gpu_figures(self) -> dict:
         sample = self.gpu.sample()
         figures = {"gpu_util_pct": sample.utilization_pct, "gpu_used_mb": sample.memory_used_mb} if sample else {}
-        return {"gpu_memory_mb": self.gpu_memory_mb(), **figures}
+        return {"gpu_memory_mb": self.gpu_memory_mb() if self.gpu_memory_mb else None, **figures}
 
     def step(self, epoch: int, batch: int, started: float, samples: int | None, loss=None,
              metrics: dict | None = None) -> None:
         """After step ``batch`` of ``epoch`` (0: a script's steps, in no epoch the session knows), which began at
         ``started`` (``time.perf_counter()``); ``loss`` and ``metrics`` as the framework has them (converted only
-        when sent)."""
+        when sent; a "loss" among the metrics is left out)."""
         took = time.perf_counter() - started
         due = batch % self.publish_every == 0 or started - self.published >= 1.0  # slow steps: each one
         if due and started - self.published >= self.min_interval:
@@ -68,5 +64,6 @@ class StepWatch:
 
 
 def numbers(metrics: dict | None) -> dict[str, float]:
-    """The figures of ``metrics`` that are numbers (tensors and NumPy values converted), by name."""
-    return {k: n for k, v in (metrics or {}).items() if (n := number(v)) is not None}
+    """The figures of ``metrics`` that are numbers (tensors and NumPy values converted), by name; not "loss",
+    which a record carries on its own (so a framework's whole logs can be given, converted only when sent)."""
+    return {k: n for k, v in (metrics or {}).items() if k != "loss" and (n := number(v)) is not None}

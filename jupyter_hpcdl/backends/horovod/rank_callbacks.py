@@ -23,10 +23,7 @@ def make_callbacks(progress: dict, stop_file: str, batch_size: int | None, publi
 
     watch = StepWatch(hvd.rank(), hvd.allreduce_max, stop_file, publish_every, check_every, min_interval,
                       gpu_index=hvd.local_rank() if has_gpu else None,
-                      **({"gpu_memory_mb": gpu_memory_mb} if has_gpu else {}))
-
-    def without_loss(logs) -> dict:
-        return {k: v for k, v in (logs or {}).items() if k != "loss"}
+                      gpu_memory_mb=gpu_memory_mb if has_gpu else None)
 
     class Watch(tf.keras.callbacks.Callback):
         """Live metrics of this rank, sent to the kernel as they happen (ipyparallel's data publication), and the
@@ -43,10 +40,10 @@ def make_callbacks(progress: dict, stop_file: str, batch_size: int | None, publi
 
         def on_train_batch_end(self, batch, logs=None):
             size = batch_size or (self.params or {}).get("batch_size")
-            watch.step(self.epoch, batch, self.t0, size, (logs or {}).get("loss"), without_loss(logs))
+            watch.step(self.epoch, batch, self.t0, size, (logs or {}).get("loss"), logs)
 
         def on_epoch_end(self, epoch, logs=None):
-            watch.epoch_end(self.epoch, (logs or {}).get("loss"), without_loss(logs))
+            watch.epoch_end(self.epoch, (logs or {}).get("loss"), logs)
 
     class Count(tf.keras.callbacks.Callback):
         _supports_tf_logs = True

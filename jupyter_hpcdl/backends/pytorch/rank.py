@@ -142,7 +142,7 @@ def fit(epochs: int, stop_file: str, publish_every: int = 5, check_every: int = 
             progress["epochs_done"] += 1
             for callback in callbacks:
                 (getattr(callback, "on_epoch_end", None) or callback)(epoch - 1, dict(logs))
-            watch.epoch_end(epoch, logs.get("loss"), {k: v for k, v in logs.items() if k != "loss"})
+            watch.epoch_end(epoch, logs.get("loss"), logs)
     except TrainingStopped as e:
         stopped = str(e)
     return {"rank": rank, "history": history, "stopped": stopped, "epochs_done": progress["epochs_done"],

@@ -14,4 +14,4 @@ def step_watch(stop_file: str, publish_every: int = 5, check_every: int = 20, mi
     cuda = torch.cuda.is_available()
     return StepWatch(dist.rank(), dist.allreduce_max, stop_file, publish_every, check_every, min_interval,
                      gpu_index=dist.local_rank() if cuda else None,
-                     gpu_memory_mb=(lambda: torch.cuda.memory_allocated() / 2**20) if cuda else (lambda: None))
+                     gpu_memory_mb=(lambda: torch.cuda.memory_allocated() / 2**20) if cuda else None)
