@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..backends import DEFAULT as DEFAULT_BACKEND
 from ..containers.spec import check_image_ref
 from ..jobvalues import check_name, parse_walltime
 from ..batchsystems.scheduler import CONFIG_ENV, RankJob, Scheduler
@@ -90,7 +91,7 @@ def check_job_dir(path: str) -> str:
 
 
 def batch_run_script(sched: Scheduler, alloc: NewAllocation, ranks: int, job_dir: str, host_python: str,
-                     image: str, command: Sequence[str], job_name: str, backend: str = "horovod") -> str:
+                     image: str, command: Sequence[str], job_name: str, backend: str = DEFAULT_BACKEND) -> str:
     """The batch script of a batch run: ``ranks`` tasks of the training ``backend`` over ``alloc.nodes`` nodes,
     their output (labelled by rank) in ``job_dir/output.log``, the exit code in ``job_dir/status.json``; the
     command's words are quoted for the shell, so they are passed exactly as given."""
