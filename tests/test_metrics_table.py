@@ -41,3 +41,13 @@ def test_the_frame_grows_with_the_records_and_what_a_caller_adds_to_it_stays_the
     table.add([{"rank": 1, "epoch": 1, "batch": 0, "time": 9, "metrics": {"accuracy": 0.5}}])
     frame = table.frame()
     assert list(frame["accuracy"].isna()) == [True] * 5 + [False], "a new metric: a column for it"
+
+
+def test_a_ranks_typical_step_time_is_not_made_by_one_slow_step():
+    table = MetricsTable()
+    times = [0.1] * 5 + [4.0] + [0.1] * 2  # the sixth step paused (tracing, a loaded machine)
+    table.add([{"rank": 0, "epoch": 1, "batch": b, "time": b, "step_time_s": t} for b, t in enumerate(times)])
+    table.add([{"rank": 1, "epoch": 1, "batch": b, "time": b, "step_time_s": 0.3} for b in range(3)])
+    assert table.typical_step_times() == {0: 0.1, 1: 0.3}
+    table.add([{"rank": 0, "epoch": 1, "batch": b, "time": b, "step_time_s": 2.0} for b in range(8, 8 + 5)])
+    assert table.typical_step_times()[0] == 2.0, "steps that stay slow are the rank's step time"

@@ -119,7 +119,7 @@ class Fitting:
         drive = Drive()
         progress = measured = time.monotonic()
         started = False
-        step = 0.0  # the slowest rank's latest step time: slow steps stretch the deadlines below
+        step = 0.0  # the slowest rank's typical step time: slow steps stretch the deadlines below
         while not ar.ready():
             moved = self.collect(ar, on_metrics)
             if on_output is not None and on_output(ar):
@@ -127,7 +127,7 @@ class Fitting:
             if moved:
                 started, progress = True, time.monotonic()
                 if progress - measured > 2.0:
-                    measured, step = progress, max(self.metrics_table.latest_step_times().values(), default=0.0)
+                    measured, step = progress, max(self.metrics_table.typical_step_times().values(), default=0.0)
             self.ranks.raise_if_dead(what)  # the others wait in a collective that will never complete
             self.ranks.raise_if_failed(ar, what)  # likewise
             now = time.monotonic()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from typing import Iterable, Iterator, Mapping
 
 import pandas as pd
@@ -42,12 +43,16 @@ class MetricsTable:
     """Records from every rank, in arrival order; ``frame()`` gives the batch records as a pandas DataFrame (the
     model's own metrics as extra columns), ``epoch_frame()`` each rank's averaged epoch metrics."""
 
+    #: How many of a rank's latest step times ``typical_step_times`` looks at.
+    RECENT = 8
+
     def __init__(self):
         self._rows: list[dict] = []
         self._epochs: list[dict] = []
         self._extra: dict[str, None] = {}  # the model's metric names, in the order first seen
         self._seen: dict = {}  # origin -> last seq, or (kind, rank) -> last key
         self._latest: dict[int, dict] = {}  # each rank's latest batch record
+        self._recent: dict[int, deque] = {}  # each rank's last RECENT step times
         self._frame: pd.DataFrame | None = None  # frame() so far: the rows after it are appended to it
 
     def add(self, records: Iterable[Mapping]) -> int:
@@ -75,6 +80,8 @@ class MetricsTable:
             row = {**{c: rec.get(c) for c in COLUMNS}, **extra, "arrived": time.time()}
             self._rows.append(row)
             self._latest[row["rank"]] = row
+            if row["step_time_s"] is not None:
+                self._recent.setdefault(row["rank"], deque(maxlen=self.RECENT)).append(row["step_time_s"])
             added += 1
         return added
 
@@ -101,6 +108,11 @@ class MetricsTable:
     def latest_step_times(self) -> dict[int, float]:
         """Each rank's most recent step time (of its latest record)."""
         return {r: row["step_time_s"] for r, row in self._latest.items() if row["step_time_s"] is not None}
+
+    def typical_step_times(self) -> dict[int, float]:
+        """Each rank's median step time over its last ``RECENT`` records: one slow step (the first batch's tracing,
+        a checkpoint, a loaded machine's pause) does not make it."""
+        return {r: statistics.median(times) for r, times in self._recent.items() if times}
 
 
 def rank_rows(world: Iterable[Mapping], latest: Mapping[int, Mapping], stragglers: Iterable[int] = (),
