@@ -8,6 +8,7 @@ import json
 import shutil
 import re
 import subprocess
+import uuid
 
 import psutil
 import pytest
@@ -171,15 +172,28 @@ except Exception as e:
 """
 
 
+def _processes_marked(mark: str) -> list[str]:
+    """The command lines of the processes whose environment holds ``HPCDL_TEST_MARK=mark`` (what one run started,
+    however it was started, and not what another test runs as the same user meanwhile)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.environ().get("HPCDL_TEST_MARK") == mark:
+                found.append(" ".join(p.info["cmdline"]))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
 def test_a_refused_new_allocation_says_why_and_leaves_nothing(alice):
-    r = alice.run(alice.bed["venv"] + "/bin/python", "-c", REFUSED_CODE, timeout=300)
+    mark = uuid.uuid4().hex
+    r = alice.run(alice.bed["venv"] + "/bin/python", "-c", REFUSED_CODE, timeout=300, HPCDL_TEST_MARK=mark)
     assert "REFUSED" in r.stdout, r.stdout + r.stderr
     assert "invalid partition" in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
     jobs = subprocess.run(["squeue", "-h", "-u", "alice", "-t", "PENDING,RUNNING", "-o", "%j"],  # not an ending one
                           capture_output=True, text=True, check=True)
     assert not [j for j in jobs.stdout.split() if j.startswith("hpcdl-engines")]
-    assert not [p for p in psutil.process_iter(["username", "cmdline"])
-                if p.info["username"] == "alice" and "ipyparallel.controller" in " ".join(p.info["cmdline"] or [])]
+    assert _processes_marked(mark) == [], "the refused start left these processes"
 
 
 KERNEL_NEW_JOB_CODE = """
