@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from test_spawner_hub import (KERNEL_REPORT, _user_session, clean, hub, jobs,  # noqa: F401,F811
-                              spawn, spawn_running_and_queued)
+                              running_blocker, spawn, spawn_running_and_queued)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 import bed as testbed  # noqa: E402
@@ -192,8 +192,7 @@ def test_a_dead_controller_a_stop_meanwhile_and_a_hub_restart_leave_no_orphan(be
 
 
 def test_a_dead_node_with_a_server_on_it_ends_the_server_with_why(bed, hub, bob, clean, healed):
-    blocker = bob.run("sbatch", "--parsable", "--nodes=1", "--nodelist=node1", "--gres=gpu:4", "--time=10",
-                      "--wrap=sleep 600", check=True).stdout.strip()
+    blocker = running_blocker(bob, "node1")
     spawn(hub, "alice", {"gpus_per_node": 1, "walltime": "00:20:00"})
     hub.wait_ready("alice")
     ((job, _, _),) = jobs("alice")

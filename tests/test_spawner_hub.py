@@ -139,13 +139,29 @@ def test_queued_spawn_says_why_and_stop_cancels_it(hub, bob, clean):
     assert jobs("alice") == []
 
 
+def running_blocker(user, node: str, timeout: float = 60) -> str:
+    """A job of ``user``'s that holds every GPU of ``node``, once it runs; returns its id. (A test that goes on
+    while the job still pends races the scheduler: another job may take the node first, or the job may be launched
+    at the moment it is cancelled, which can leave its process behind.)"""
+    job = user.run("sbatch", "--parsable", "--nodes=1", f"--nodelist={node}", "--gres=gpu:4", "--time=10",
+                   "--wrap=exec sleep 600", check=True).stdout.strip()
+    deadline = time.monotonic() + timeout
+    while (state := subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                                   timeout=30).stdout.strip()) != "RUNNING":
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job])
+            raise AssertionError(f"{user.name}'s blocking job {job} on {node} did not start in {timeout:.0f} s "
+                                 f"({state or 'gone'})")
+        time.sleep(0.5)
+    return job
+
+
 def spawn_running_and_queued(hub, bob) -> str:
     """alice's default server running, and her server "queued" pending behind a job of bob's that holds node2's
     GPUs; returns bob's job id (cancel it to let "queued" start)."""
     spawn(hub, "alice", {"gpus_per_node": 1, "walltime": "00:20:00"})
     hub.wait_ready("alice")
-    blocker = bob.run("sbatch", "--parsable", "--nodes=1", "--nodelist=node2", "--gres=gpu:4", "--time=10",
-                      "--wrap=sleep 600", check=True).stdout.strip()
+    blocker = running_blocker(bob, "node2")
     spawn(hub, "alice", {"nodes": 2, "gpus_per_node": 3, "walltime": "00:10:00"}, name="queued")
     progress_messages(hub, "alice", "queued", until=r"queued")
     return blocker
