@@ -51,6 +51,11 @@ class StepWatch:
                                 "samples_per_s": samples / took if samples and took > 0 else None,
                                 "memory_mb": self.process.memory_info().rss / 2**20, **self._gpu_figures(),
                                 "metrics": numbers(metrics)})
+        self.check_stop(epoch, batch)
+
+    def check_stop(self, epoch: int, batch: int) -> None:
+        """At step ``batch``, every ``check_every`` steps: whether any rank was asked to stop, agreed by all (a rank
+        whose data ran out while the others step on calls this alone, for the steps it no longer takes)."""
         if batch % self.check_every == 0:  # the same steps on every rank, so the collective stays matched
             asked = 1.0 if os.path.exists(self.stop_file) else 0.0
             if self.allreduce_max([asked], "hpcdl.stop")[0] > 0:

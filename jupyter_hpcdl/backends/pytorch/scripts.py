@@ -2,7 +2,8 @@
 args`` would, in this rank's world. Its ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are set;
 its ``init_process_group()`` joins the world the rank is already in and its ``destroy_process_group()`` leaves it to
 the session. After every optimizer step the session publishes the step's time (and the figures the script gives
-``jupyter_hpcdl.report``) and, every few steps, checks Stop with the other ranks."""
+``jupyter_hpcdl.report``) and, every few steps, checks Stop with the other ranks (a ``Join`` for uneven inputs
+takes that check too)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +11,7 @@ import time
 
 from ...figures import reported
 from ..scriptrun import run_main
+from ..steps import StepWatch
 from . import dist
 from .rank_steps import step_watch
 
@@ -40,6 +42,54 @@ def joined_world():
 
 
 @contextlib.contextmanager
+def stop_check_in_joins(watch: StepWatch, progress: dict):
+    """While a script runs: each ``Join`` it makes for uneven inputs (DDP's ``torch.distributed.algorithms.join``)
+    also takes the session's Stop check as its last joinable. A rank whose inputs ran out shadows the others'
+    collectives for each step they still take (one forward per optimizer step), the Stop check's among them, and
+    leaves with them when they agree to stop."""
+    from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+
+    class StopCheckShadow(JoinHook):
+        def __init__(self):
+            self.iterations = 0
+
+        def main_hook(self) -> None:
+            batch = progress["steps"] + self.iterations  # the step the others are taking
+            self.iterations += 1
+            watch.check_stop(0, batch)
+
+    class StopCheck(Joinable):
+        def __init__(self, first: Joinable):
+            super().__init__()
+            self.first = first
+
+        def join_hook(self, **kwargs) -> JoinHook:
+            return StopCheckShadow()
+
+        @property
+        def join_device(self):
+            return self.first.join_device
+
+        @property
+        def join_process_group(self):
+            return self.first.join_process_group
+
+    original = Join.__init__
+
+    def __init__(self, joinables, *args, **kwargs):
+        joinables = list(joinables)
+        if joinables:
+            joinables.append(StopCheck(joinables[0]))
+        original(self, joinables, *args, **kwargs)
+
+    Join.__init__ = __init__
+    try:
+        yield
+    finally:
+        Join.__init__ = original
+
+
+@contextlib.contextmanager
 def session_steps(stop_file: str, publish_every: int, check_every: int, min_interval: float):
     """While the script runs: its process group calls meet the session's world (:func:`joined_world`), and each
     optimizer step is watched (:class:`jupyter_hpcdl.backends.steps.StepWatch`)."""
@@ -58,7 +108,7 @@ def session_steps(stop_file: str, publish_every: int, check_every: int, min_inte
 
     handle = register_optimizer_step_post_hook(after_step)
     try:
-        with joined_world():
+        with joined_world(), stop_check_in_joins(watch, progress):
             yield progress
     finally:
         handle.remove()
