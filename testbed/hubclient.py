@@ -1,5 +1,7 @@
 """A small client for the test bed's hub: REST calls with the test service's token, and code run in a kernel of a
-user's server over the kernel websocket (the same path JupyterLab uses)."""
+user's server over the kernel websocket (the same path JupyterLab uses). What goes to a user's server (``/user/NAME/``)
+carries a token of that user's that reaches only their servers, never the service's: the server is a process the user
+controls, and the service's token is the hub's admin."""
 from __future__ import annotations
 
 import asyncio
@@ -19,11 +21,28 @@ class Hub:
     def __init__(self, bed: dict):
         self.url = bed["hub_url"]
         self.token = (Path(bed["hub_dir"]) / "service_token").read_text().strip()
+        self._user_tokens: dict[str, str] = {}
+
+    def user_token(self, user: str) -> str:
+        """A token of ``user``'s (made once, by the service, for 4 hours) that reaches only ``user``'s servers."""
+        if user not in self._user_tokens:
+            status, body = self.api("POST", f"/hub/api/users/{user}/tokens",
+                                    {"scopes": [f"access:servers!user={user}"], "expires_in": 4 * 3600,
+                                     "note": "the test bed's client, for this user's servers"})
+            assert status == 201, (status, body)
+            self._user_tokens[user] = body["token"]
+        return self._user_tokens[user]
+
+    def _token_for(self, path: str) -> str:
+        """The user's own token for a path of their server, else the service's."""
+        if path.startswith("/user/"):
+            return self.user_token(path.split("/")[2])
+        return self.token
 
     def api(self, method: str, path: str, body=None, token: str | None = None, timeout: float = 30):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Authorization": f"token {token or self.token}"})
+                                     headers={"Authorization": f"token {token or self._token_for(path)}"})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 text = r.read().decode()
@@ -96,7 +115,7 @@ class Hub:
         msg_id, session = uuid.uuid4().hex, uuid.uuid4().hex
         url = f"{self.url.replace('http', 'ws', 1)}{kernel_path}/channels?session_id={session}"
         out, deadline, dropped = [], time.monotonic() + timeout, 0
-        conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {self.token}"}))
+        conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {self.user_token(user)}"}))
         conn.write_message(json.dumps({
             "header": {"msg_id": msg_id, "username": "test", "session": session, "msg_type": "execute_request",
                        "version": "5.3", "date": ""},
@@ -116,7 +135,7 @@ class Hub:
                     dropped += 1
                     warnings.warn(f"the kernel's websocket closed while the kernel is {kernel_info}: reconnecting "
                                   f"({dropped} of {reconnects})")
-                    conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {self.token}"}))
+                    conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {self.user_token(user)}"}))
                     continue
                 if isinstance(raw, bytes):
                     continue

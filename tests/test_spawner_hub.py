@@ -301,8 +301,13 @@ def test_bob_cannot_reach_alices_server(hub, clean):
     _, bob_token = hub.api("POST", "/hub/api/users/bob/tokens", {"note": "test"})
     status, _ = hub.api("GET", "/user/alice/api/kernels", token=bob_token["token"])
     assert status in (403, 404)
-    status, _ = hub.api("GET", "/user/alice/api/kernels")  # the admin service may
+    status, _ = hub.api("GET", "/user/alice/api/kernels")  # alice's own token may
     assert status == 200
+    # the token the bed's client gives alice's server (a process alice controls) reaches her servers, nothing else
+    status, _ = hub.api("GET", "/hub/api/users", token=hub.user_token("alice"))
+    assert status == 403
+    status, _ = hub.api("POST", "/hub/api/users/bob/tokens", {"note": "test"}, token=hub.user_token("alice"))
+    assert status in (403, 404)
 
 
 class _Session:
