@@ -137,42 +137,53 @@ def test_an_unchanged_torchrun_script_runs_on_the_ranks_with_live_steps(session)
     assert session.fit(epochs=1).epochs_done > 0  # the script left the session's world as it was
 
 
-#: A torchrun script whose ranks have different numbers of batches, kept in step by DDP's ``Join``.
+#: A torchrun script whose ranks have different numbers of batches, kept in step by DDP's ``Join``: once
+#: ("one"), once per epoch for 2 epochs ("epochs"), or with a ``ZeroRedundancyOptimizer`` joined too ("zero").
 UNEVEN_JOIN_SCRIPT = """
 import sys, time
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.join import Join
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
+base, extra, pause, mode = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = DDP(torch.nn.Linear(4, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-steps = int(sys.argv[1]) + int(sys.argv[2]) * rank
+if mode == "zero":
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.01)
+else:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
 done = 0
-with Join([model]):
-    for _ in range(steps):
-        opt.zero_grad()
-        model(torch.randn(8, 4)).sum().backward()
-        opt.step()
-        done += 1
-        time.sleep(float(sys.argv[3]))
+for epoch in range(2 if mode == "epochs" else 1):
+    with Join([model, opt] if mode == "zero" else [model]):
+        for _ in range(base + extra * rank):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+            done += 1
+            time.sleep(pause)
 print("DONE", done, [round(x, 6) for p in model.parameters() for x in p.detach().reshape(-1).tolist()])
 dist.destroy_process_group()
 """
 
 
-def test_a_script_with_uneven_inputs_under_join_ends_and_stops_on_every_rank(session, tmp_path):
+@pytest.mark.parametrize("mode, epochs", [("one", 1), ("epochs", 2), ("zero", 1)])
+def test_a_script_with_uneven_inputs_under_join_ends_on_every_rank(session, tmp_path, mode, epochs):
     script = tmp_path / "uneven_join.py"
     script.write_text(UNEVEN_JOIN_SCRIPT)
     # rank 0 runs out after 12 steps; rank 1 takes 35 more, through two of the session's Stop checks (every 20th)
-    result = session.run_script(str(script), ["12", "35", "0"], echo=False)
+    result = session.run_script(str(script), ["12", "35", "0", mode], echo=False)
     assert result.ok and result.stopped is None, result
     done = {r: out.split("DONE ", 1)[1].split(" ", 1) for r, out in result.stdout.items()}
-    assert {r: int(d[0]) for r, d in done.items()} == {0: 12, 1: 47}
+    assert {r: int(d[0]) for r, d in done.items()} == {0: 12 * epochs, 1: 47 * epochs}
     assert done[0][1] == done[1][1], "DDP's join left the ranks with different weights"
-    # Stop while rank 0 has already run out: both ranks leave at the same agreed step
+
+
+def test_stop_ends_a_script_on_every_rank_also_once_one_ran_out_of_inputs(session, tmp_path):
+    script = tmp_path / "uneven_join.py"
+    script.write_text(UNEVEN_JOIN_SCRIPT)
     asked = []
 
     def stop_once_rank_1_is_past_rank_0(table):
@@ -180,10 +191,10 @@ def test_a_script_with_uneven_inputs_under_join_ends_and_stops_on_every_rank(ses
             asked.append(True)
             session.stop_training()
 
-    result = session.run_script(str(script), ["10", "100000", "0.002"], on_metrics=stop_once_rank_1_is_past_rank_0,
-                                echo=False)
+    result = session.run_script(str(script), ["10", "100000", "0.002", "one"],
+                                on_metrics=stop_once_rank_1_is_past_rank_0, echo=False)
     assert asked and result.ok and result.stopped and "stopped after batch" in result.stopped, result
-    assert "DONE" not in result.stdout[0] + result.stdout[1]
+    assert "DONE" not in result.stdout[0] + result.stdout[1], "a rank went on after the agreed stop"
 
 
 def test_rescale_keeps_the_parameters_and_the_optimizer_state(session):

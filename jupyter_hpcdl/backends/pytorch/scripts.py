@@ -45,17 +45,18 @@ def joined_world():
 def stop_check_in_joins(watch: StepWatch, progress: dict):
     """While a script runs: each ``Join`` it makes for uneven inputs (DDP's ``torch.distributed.algorithms.join``)
     also takes the session's Stop check as its last joinable. A rank whose inputs ran out shadows the others'
-    collectives for each step they still take (one forward per optimizer step), the Stop check's among them, and
-    leaves with them when they agree to stop."""
+    collectives for each iteration they still take, the Stop check's among them (unless a joinable's own hook
+    stepped an optimizer, as ``ZeroRedundancyOptimizer``'s does, which made the check), and leaves with them when
+    they agree to stop. It assumes one optimizer step per forward, as DDP's ``Join`` counts forwards."""
     from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
     class StopCheckShadow(JoinHook):
-        def __init__(self):
-            self.iterations = 0
-
         def main_hook(self) -> None:
-            batch = progress["steps"] + self.iterations  # the step the others are taking
-            self.iterations += 1
+            if progress["stepped"]:  # an earlier hook of this iteration stepped (and checked) as the others did
+                progress["stepped"] = False
+                return
+            batch = progress["index"]  # the step the others are taking
+            progress["index"] += 1
             watch.check_stop(0, batch)
 
     class StopCheck(Joinable):
@@ -74,36 +75,44 @@ def stop_check_in_joins(watch: StepWatch, progress: dict):
         def join_process_group(self):
             return self.first.join_process_group
 
-    original = Join.__init__
+    original_init, original_exit = Join.__init__, Join.__exit__
 
     def __init__(self, joinables, *args, **kwargs):
         joinables = list(joinables)
         if joinables:
             joinables.append(StopCheck(joinables[0]))
-        original(self, joinables, *args, **kwargs)
+        original_init(self, joinables, *args, **kwargs)
 
-    Join.__init__ = __init__
+    def __exit__(self, *exc):
+        progress["stepped"] = False  # this rank's own steps are over: from here on only hooks step
+        return original_exit(self, *exc)
+
+    Join.__init__, Join.__exit__ = __init__, __exit__
     try:
         yield
     finally:
-        Join.__init__ = original
+        Join.__init__, Join.__exit__ = original_init, original_exit
 
 
 @contextlib.contextmanager
 def session_steps(stop_file: str, publish_every: int, check_every: int, min_interval: float):
     """While the script runs: its process group calls meet the session's world (:func:`joined_world`), and each
-    optimizer step is watched (:class:`jupyter_hpcdl.backends.steps.StepWatch`)."""
+    optimizer step is watched (:class:`jupyter_hpcdl.backends.steps.StepWatch`). ``steps`` counts this rank's
+    optimizer steps, ``index`` the world's (the same on every rank: a rank whose inputs ran out in a ``Join`` counts
+    the steps it shadows)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     watch = step_watch(stop_file, publish_every, check_every, min_interval)
-    progress = {"steps": 0, "last": time.perf_counter()}
+    progress = {"steps": 0, "index": 0, "stepped": False, "last": time.perf_counter()}
 
     def after_step(optimizer, args, kwargs):
         figures = reported()
         loss = figures.pop("loss", None)
-        batch = progress["steps"]
+        batch = progress["index"]
         started, progress["last"] = progress["last"], time.perf_counter()
         progress["steps"] += 1
+        progress["index"] += 1
+        progress["stepped"] = True
         watch.step(0, batch, started, None, loss, figures)
 
     handle = register_optimizer_step_post_hook(after_step)
