@@ -127,7 +127,7 @@ class Fitting:
             if moved:
                 started, progress = True, time.monotonic()
                 if progress - measured > 2.0:
-                    measured, step = progress, max(self.metrics_table.typical_step_times().values(), default=0.0)
+                    measured, step = progress, max(self.typical_step_times().values(), default=0.0)
             self.ranks.raise_if_dead(what)  # the others wait in a collective that will never complete
             self.ranks.raise_if_failed(ar, what)  # likewise
             now = time.monotonic()
@@ -163,6 +163,11 @@ class Fitting:
         self.reporter.report("failed")
         self.ranks.stop(force=True)
         raise RankError(message)
+
+    def typical_step_times(self) -> dict[int, float]:
+        """Each rank of this world's median recent step time (a rank of an earlier world does not count)."""
+        current = {w["rank"] for w in self.ranks.world}
+        return {r: t for r, t in self.metrics_table.typical_step_times().items() if not current or r in current}
 
     def stragglers(self, factor: float = 1.5) -> list[int]:
         """Ranks of this world whose latest step time is more than ``factor`` × the median."""
