@@ -146,13 +146,16 @@ def running_blocker(user, node: str, timeout: float = 60) -> str:
     job = user.run("sbatch", "--parsable", "--nodes=1", f"--nodelist={node}", "--gres=gpu:4", "--time=10",
                    "--wrap=exec sleep 600", check=True).stdout.strip()
     deadline = time.monotonic() + timeout
-    while (state := subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
-                                   timeout=30).stdout.strip()) != "RUNNING":
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job])
-            raise AssertionError(f"{user.name}'s blocking job {job} on {node} did not start in {timeout:.0f} s "
-                                 f"({state or 'gone'})")
-        time.sleep(0.5)
+    try:
+        while (state := subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                                       timeout=30).stdout.strip()) != "RUNNING":
+            if state not in ("PENDING", "CONFIGURING") or time.monotonic() > deadline:
+                raise AssertionError(f"{user.name}'s blocking job {job} on {node} did not start in "
+                                     f"{timeout:.0f} s ({state or 'gone'})")
+            time.sleep(0.5)
+    except BaseException:
+        subprocess.run(["scancel", job], timeout=30)
+        raise
     return job
 
 
