@@ -142,14 +142,18 @@ def test_a_managed_service_ends_with_the_hub_that_started_it():
     hub = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                             f"p = subprocess.Popen([sys.executable, '-c', {service!r}], start_new_session=True); "
                             "print(p.pid, flush=True); time.sleep(300)"], stdout=subprocess.PIPE, text=True)
+    child = None
     try:
-        pid = int(hub.stdout.readline())
+        child = psutil.Process(int(hub.stdout.readline()))
         assert hub.stdout.readline().strip() == "armed"
-        child = psutil.Process(pid)
         hub.send_signal(signal.SIGKILL)
         hub.wait(30)
         child.wait(30)  # psutil.TimeoutExpired: the service outlived its hub
     finally:
-        hub.kill()
-        for p in psutil.Process().children(recursive=True):
-            p.kill()
+        hub.kill()  # only what this test started (its worker runs other tests' processes meanwhile)
+        hub.wait(30)
+        if child is not None:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
