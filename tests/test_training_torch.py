@@ -174,11 +174,15 @@ def test_a_script_with_uneven_inputs_under_join_ends_on_every_rank(session, tmp_
     script = tmp_path / "uneven_join.py"
     script.write_text(UNEVEN_JOIN_SCRIPT)
     # rank 0 runs out after 12 steps; rank 1 takes 35 more, through two of the session's Stop checks (every 20th)
+    before = len(session.metrics)
     result = session.run_script(str(script), ["12", "35", "0", mode], echo=False)
     assert result.ok and result.stopped is None, result
     done = {r: out.split("DONE ", 1)[1].split(" ", 1) for r, out in result.stdout.items()}
     assert {r: int(d[0]) for r, d in done.items()} == {0: 12 * epochs, 1: 47 * epochs}
     assert done[0][1] == done[1][1], "DDP's join left the ranks with different weights"
+    published = session.metrics.iloc[before:].groupby("rank")["batch"].max()
+    # the world's steps are numbered 0 to 47 * epochs - 1 (ZeRO's inner optimizer step is not one of its own)
+    assert 20 <= published[1] < 47 * epochs, published
 
 
 def test_stop_ends_a_script_on_every_rank_also_once_one_ran_out_of_inputs(session, tmp_path):

@@ -99,13 +99,26 @@ def session_steps(stop_file: str, publish_every: int, check_every: int, min_inte
     """While the script runs: its process group calls meet the session's world (:func:`joined_world`), and each
     optimizer step is watched (:class:`jupyter_hpcdl.backends.steps.StepWatch`). ``steps`` counts this rank's
     optimizer steps, ``index`` the world's (the same on every rank: a rank whose inputs ran out in a ``Join`` counts
-    the steps it shadows)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    the steps it shadows). An optimizer that steps inside another's step (``ZeroRedundancyOptimizer``'s local one)
+    is part of the outer step, not one of its own."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     watch = step_watch(stop_file, publish_every, check_every, min_interval)
     progress = {"steps": 0, "index": 0, "stepped": False, "last": time.perf_counter()}
+    stepping: list = []  # the optimizers whose step is under way, outermost first
+
+    def before_step(optimizer, args, kwargs):
+        for i, other in enumerate(stepping):
+            if other is optimizer:  # its earlier step raised (no post hook): that one and those inside it are over
+                del stepping[i:]
+                break
+        stepping.append(optimizer)
 
     def after_step(optimizer, args, kwargs):
+        if stepping and stepping[-1] is optimizer:
+            stepping.pop()
+        if stepping:
+            return
         figures = reported()
         loss = figures.pop("loss", None)
         batch = progress["index"]
@@ -115,12 +128,13 @@ def session_steps(stop_file: str, publish_every: int, check_every: int, min_inte
         progress["stepped"] = True
         watch.step(0, batch, started, None, loss, figures)
 
-    handle = register_optimizer_step_post_hook(after_step)
+    handles = [register_optimizer_step_pre_hook(before_step), register_optimizer_step_post_hook(after_step)]
     try:
         with joined_world(), stop_check_in_joins(watch, progress):
             yield progress
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def run_script(path: str, args: list[str], stop_file: str, publish_every: int = 5, check_every: int = 20,
