@@ -115,8 +115,10 @@ def session_steps(stop_file: str, publish_every: int, check_every: int, min_inte
         stepping.append(optimizer)
 
     def after_step(optimizer, args, kwargs):
-        if stepping and stepping[-1] is optimizer:
-            stepping.pop()
+        for i in range(len(stepping) - 1, -1, -1):
+            if stepping[i] is optimizer:  # those above it raised in its step, which went on: over too
+                del stepping[i:]
+                break
         if stepping:
             return
         figures = reported()
