@@ -201,6 +201,57 @@ def test_stop_ends_a_script_on_every_rank_also_once_one_ran_out_of_inputs(sessio
     assert "DONE" not in result.stdout[0] + result.stdout[1], "a rank went on after the agreed stop"
 
 
+#: A torchrun script taking ``steps`` optimizer steps: through a subclass whose ``step`` calls ``super().step()``
+#: ("super": PyTorch runs its step hooks for both), or after a step that raised and was caught ("raised").
+STEP_KINDS_SCRIPT = """
+import sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+steps, mode = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(4, 1))
+plain = torch.optim.SGD(model.parameters(), lr=0.01)  # from here on SGD.step is PyTorch's hooked one
+
+
+class Clipped(torch.optim.SGD):
+    def step(self, closure=None):
+        torch.nn.utils.clip_grad_norm_(self.param_groups[0]["params"], 1.0)
+        return super().step(closure)
+
+
+class Failing(torch.optim.SGD):
+    def step(self, closure=None):
+        raise FloatingPointError("a step the script catches")
+
+
+opt = Clipped(model.parameters(), lr=0.01) if mode == "super" else plain
+if mode == "raised":
+    try:
+        Failing(model.parameters(), lr=0.01).step()
+    except FloatingPointError:
+        pass
+for _ in range(steps):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("mode", ["super", "raised"])
+def test_each_optimizer_step_of_a_script_counts_once(session, tmp_path, mode):
+    script = tmp_path / "step_kinds.py"
+    script.write_text(STEP_KINDS_SCRIPT)
+    before = len(session.metrics)
+    result = session.run_script(str(script), ["45", mode], echo=False)
+    assert result.ok, result
+    published = session.metrics.iloc[before:].groupby("rank")["batch"].max()
+    # steps 0 to 44, published at least at the Stop checks (every 20th); none if the raised step stopped the count
+    assert sorted(published.index) == [0, 1] and published.between(20, 44).all(), published
+
+
 def test_rescale_keeps_the_parameters_and_the_optimizer_state(session):
     session.fit(epochs=1)
     before, steps = session.weights_digest(), session.checkpoint(os.path.join(session.private_dir, "before"))

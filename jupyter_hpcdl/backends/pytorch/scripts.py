@@ -7,6 +7,7 @@ takes that check too)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 from ...figures import reported
@@ -94,29 +95,41 @@ def stop_check_in_joins(watch: StepWatch, progress: dict):
         Join.__init__, Join.__exit__ = original_init, original_exit
 
 
+def _under_way(frame, stepping: list) -> list:
+    """The entries of ``stepping`` (frames of optimizer steps under way, outermost first) that ``frame`` runs
+    inside: a step that raised (its post hook never ran) is over once its frame is no longer on the call stack."""
+    chain = set()
+    while frame is not None:
+        chain.add(id(frame))
+        frame = frame.f_back
+    return [entry for entry in stepping if id(entry) in chain]
+
+
 @contextlib.contextmanager
 def session_steps(stop_file: str, publish_every: int, check_every: int, min_interval: float):
     """While the script runs: its process group calls meet the session's world (:func:`joined_world`), and each
     optimizer step is watched (:class:`jupyter_hpcdl.backends.steps.StepWatch`). ``steps`` counts this rank's
     optimizer steps, ``index`` the world's (the same on every rank: a rank whose inputs ran out in a ``Join`` counts
-    the steps it shadows). An optimizer that steps inside another's step (``ZeroRedundancyOptimizer``'s local one)
-    is part of the outer step, not one of its own."""
+    the steps it shadows). A step taken inside another (``ZeroRedundancyOptimizer``'s local optimizer, a subclass's
+    ``step`` calling ``super().step()``) is part of the outer one, not one of its own."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     watch = step_watch(stop_file, publish_every, check_every, min_interval)
     progress = {"steps": 0, "index": 0, "stepped": False, "last": time.perf_counter()}
-    stepping: list = []  # the optimizers whose step is under way, outermost first
+    # The steps under way, each as the frame of PyTorch's step wrapper that calls the global hooks (the hooks'
+    # caller): a step is known by its call, not by its optimizer, which may step inside its own step.
+    stepping: list = []
 
     def before_step(optimizer, args, kwargs):
-        for i, other in enumerate(stepping):
-            if other is optimizer:  # its earlier step raised (no post hook): that one and those inside it are over
-                del stepping[i:]
-                break
-        stepping.append(optimizer)
+        caller = sys._getframe(1)
+        if stepping:
+            stepping[:] = _under_way(caller, stepping)
+        stepping.append(caller)
 
     def after_step(optimizer, args, kwargs):
+        caller = sys._getframe(1)
         for i in range(len(stepping) - 1, -1, -1):
-            if stepping[i] is optimizer:  # those above it raised in its step, which went on: over too
+            if stepping[i] is caller:  # those inside it that raised, while it went on, are over too
                 del stepping[i:]
                 break
         if stepping:
