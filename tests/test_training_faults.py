@@ -51,6 +51,11 @@ def test_stall_message_names_the_rank_that_holds_the_others():
     msg = stall_message("fit", 61, "stall_timeout", world, latest, {1: "stopped (SIGSTOP?)"})
     assert msg.startswith("fit made no progress for 61 s (stall_timeout): rank(s) 1 held the others up.")
     assert "rank 1 (node2): last at epoch 2 batch 15, process stopped (SIGSTOP?)" in msg and "recover(" in msg
+    assert "first batch" not in msg
+    # nothing stopped and no batch yet: the first batch's own time may be what ran out, and the message says so
+    first = stall_message("fit", 61, "stall_timeout", world, {}, {0: "running", 1: "running"})
+    assert "no batch reported yet" in first and "TrainingSession(stall_timeout=...)" in first, first
+    assert "first batch" not in stall_message("fit", 61, "stall_timeout", world, {}, {1: "stopped (SIGSTOP?)"})
 
 
 def test_rendezvous_needs_the_secret_and_listens_on_one_address():

@@ -77,5 +77,10 @@ def stall_message(what: str, seconds: float, setting: str, world: Iterable[Mappi
                      + (f", process {states[r]}" if r in states else ""))
     held = suspects(world, latest, states)
     blame = f"rank(s) {', '.join(map(str, held))} held the others up. " if held else ""
+    first = ""
+    if world and not held and not any(latest.get(int(w["rank"])) for w in world):
+        first = (" No rank finished a first batch: if that is its tracing or compilation (a large model, more ranks "
+                 "than cores), give the first batch more time (TrainingSession(stall_timeout=...) for a fit, "
+                 "run_script(first_batch_timeout=...) for a script).")
     return (f"{what} made no progress for {seconds:.0f} s ({setting}): {blame}{'; '.join(parts)}. The world was "
-            "ended: recover(checkpoint) starts a new one from the last checkpoint")
+            f"ended: recover(checkpoint) starts a new one from the last checkpoint.{first}")
