@@ -1,5 +1,5 @@
 """Container overhead, measured against native in the same run: native, the fast path (user namespaces, no
-ptrace) and udocker's P1, in alternating rounds (issue: containers at native speed).
+ptrace) and udocker's P1, in alternating rounds (containers at native speed).
 
 1. Training throughput (images/s after a warm-up) of a small Keras CNN and of ``tf.keras.applications`` models
    (``--models``, weights=None, random inputs, small batch), each inside the container in both modes and on the

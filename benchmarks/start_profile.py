@@ -4,7 +4,8 @@ alternating rounds on this machine (local engines, and with ``--image`` local en
 - baseline: ``ipyparallel.Cluster(n=N)``: the controller, N engines connected, then TensorFlow and Horovod imported
   on every engine, each part timed;
 - session: ``TrainingSession(ranks=N, where="local").start()`` (the same, plus the session's rendezvous and every
-  rank joining one Horovod world), and its ``close()``;
+  rank joining one Horovod world), and its ``close()``; meanwhile what a rank that is up and idle holds (its
+  memory, the CPU its threads use): what engines started before the user asks would hold until the first session;
 - containers (``--image``): the session with each engine in a container of the image
   (``containers=True``), as a job's ranks run on their node; the baseline stays plain local engines.
 
@@ -34,6 +35,21 @@ def import_stack() -> None:
     import tensorflow  # noqa: F401
 
 
+def footprint(seconds: float) -> dict:
+    """On a rank that is up and idle: its memory (unique to it, and resident) and the CPU its threads use meanwhile
+    (the engine's heartbeat, the framework's), as a share of one core over ``seconds``."""
+    import time
+
+    import psutil
+
+    me = psutil.Process()
+    cpu0, t0 = sum(me.cpu_times()[:2]), time.perf_counter()
+    time.sleep(seconds)
+    cpu = (sum(me.cpu_times()[:2]) - cpu0) / (time.perf_counter() - t0)
+    mem = me.memory_full_info()
+    return {"uss_mb": mem.uss / 2**20, "rss_mb": mem.rss / 2**20, "idle_cpu": cpu}
+
+
 def baseline(ranks: int, timeout: float) -> dict:
     """Plain ipyparallel engines importing the stack: the time of each part."""
     t0 = time.perf_counter()
@@ -47,12 +63,15 @@ def baseline(ranks: int, timeout: float) -> dict:
         t_engines = time.perf_counter()
         client[:].apply_sync(import_stack)
         t_imports = time.perf_counter()
+        held = client[:].apply_sync(footprint, 2.0)  # not part of the start
         client.close()
     finally:
-        t_ready = time.perf_counter()
+        t_stop = time.perf_counter()
         cluster.stop_cluster_sync()
     return {"controller_s": t_controller - t0, "engines_s": t_engines - t_controller, "imports_s": t_imports - t_engines,
-            "ready_s": t_ready - t0, "stop_s": time.perf_counter() - t_ready}
+            "ready_s": t_imports - t0, "stop_s": time.perf_counter() - t_stop,
+            "rank_uss_mb": max(h["uss_mb"] for h in held), "rank_rss_mb": max(h["rss_mb"] for h in held),
+            "rank_idle_cpu": max(h["idle_cpu"] for h in held)}
 
 
 def session(ranks: int, timeout: float, image: str | None = None) -> dict:
@@ -62,10 +81,13 @@ def session(ranks: int, timeout: float, image: str | None = None) -> dict:
     try:
         s.start()
         t_ready = time.perf_counter()
+        held = list(s.run(footprint, 2.0).values())
     finally:
         t_close = time.perf_counter()
         s.close()
-    return {"ready_s": t_ready - t0, "close_s": time.perf_counter() - t_close}
+    return {"ready_s": t_ready - t0, "close_s": time.perf_counter() - t_close,
+            "rank_uss_mb": max(h["uss_mb"] for h in held), "rank_rss_mb": max(h["rss_mb"] for h in held),
+            "rank_idle_cpu": max(h["idle_cpu"] for h in held)}
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Interactive training, measured against its baselines in the same run (issue: interactive training).
+"""Interactive training, measured against its baselines in the same run.
 
 1. Throughput of 2 ranks trained from the session (with live metrics) against the same training under horovodrun
    (Gloo), alternating rounds: ratio of samples/s after a warm-up epoch (target >= 0.97).
