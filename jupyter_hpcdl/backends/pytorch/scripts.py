@@ -7,7 +7,8 @@ takes that check too)."""
 from __future__ import annotations
 
 import contextlib
-import sys
+import inspect
+import threading
 import time
 
 from ...figures import reported
@@ -116,22 +117,27 @@ def session_steps(stop_file: str, publish_every: int, check_every: int, min_inte
 
     watch = step_watch(stop_file, publish_every, check_every, min_interval)
     progress = {"steps": 0, "index": 0, "stepped": False, "last": time.perf_counter()}
-    # The steps under way, each as the frame of PyTorch's step wrapper that calls the global hooks (the hooks'
-    # caller): a step is known by its call, not by its optimizer, which may step inside its own step.
-    stepping: list = []
+    # The steps under way in each thread, each as the frame of PyTorch's step wrapper that calls the global hooks
+    # (the hooks' caller), outermost first: a step is known by its call, not by its optimizer, which may step inside
+    # its own step.
+    stacks: dict[int, list] = {}
 
     def before_step(optimizer, args, kwargs):
-        caller = sys._getframe(1)
+        caller = inspect.currentframe().f_back
+        stepping = stacks.setdefault(threading.get_ident(), [])
         if stepping:
             stepping[:] = _under_way(caller, stepping)
         stepping.append(caller)
 
     def after_step(optimizer, args, kwargs):
-        caller = sys._getframe(1)
+        caller = inspect.currentframe().f_back
+        stepping = stacks.setdefault(threading.get_ident(), [])
         for i in range(len(stepping) - 1, -1, -1):
             if stepping[i] is caller:  # those inside it that raised, while it went on, are over too
                 del stepping[i:]
                 break
+        else:  # not called from the frame that called the pre hook (not so in PyTorch 2.x): the innermost ends
+            del stepping[-1:]
         if stepping:
             return
         figures = reported()
@@ -150,6 +156,7 @@ def session_steps(stop_file: str, publish_every: int, check_every: int, min_inte
     finally:
         for handle in handles:
             handle.remove()
+        stacks.clear()  # a step that raised last holds its frames
 
 
 def run_script(path: str, args: list[str], stop_file: str, publish_every: int = 5, check_every: int = 20,
