@@ -63,6 +63,17 @@ def test_a_stop_signal_ends_the_tree_and_the_run_with_143_even_when_repeated():
         assert gone(command) and all(gone(p) for p in child), "the container's tree was left running"
 
 
+def test_stop_signals_that_keep_coming_until_the_run_ends_change_nothing():
+    run, pid = start("echo $$; sleep 300")
+    command = psutil.Process(pid)
+    while run.poll() is None:  # a supervisor that repeats its stop: before, during and after the stop itself
+        run.send_signal(signal.SIGTERM)
+        time.sleep(0.002)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 143 and "Traceback" not in err, (run.returncode, err)
+    assert gone(command), "the container's command was left running"
+
+
 def test_the_commands_own_end_keeps_its_exit_code():
     run, _ = start("echo $$; exit 7", caught=False)
     _, err = run.communicate(timeout=60)

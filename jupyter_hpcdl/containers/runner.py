@@ -178,14 +178,18 @@ def _raise_stopping(*_) -> None:
 def run_foreground(proc: ContainerProcess) -> int:
     """Wait for the container; SIGINT reaches the program inside (a kernel interrupt), SIGTERM/SIGHUP stop the
     whole container tree. The stop runs after the wait is left, not inside the signal handler: there, Popen's
-    wait holds its lock, so the stop could not reap the command it ended and would wait out its timeout."""
+    wait holds its lock, so the stop could not reap the command it ended and would wait out its timeout. After a
+    stop the stop signals stay ignored (this run ends with 143, and one repeated meanwhile changes nothing); after
+    the command's own end the earlier handlers are back."""
     signal.signal(signal.SIGINT, lambda *_: proc.signal_payload(signal.SIGINT))
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    stopped = False
     try:
         for sig in STOP_SIGNALS:
             signal.signal(sig, _raise_stopping)
         return proc.wait()
     except _Stopping:
+        stopped = True
         ended = proc.poll()  # the command may have ended just before the signal
         if ended is not None:
             return ended
@@ -193,7 +197,8 @@ def run_foreground(proc: ContainerProcess) -> int:
         return 143
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+            if not stopped:
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
 
 
 def _name(p: psutil.Process) -> str:
