@@ -50,6 +50,11 @@ def footprint(seconds: float) -> dict:
     return {"uss_mb": mem.uss / 2**20, "rss_mb": mem.rss / 2**20, "idle_cpu": cpu}
 
 
+def most_held(held: list[dict]) -> dict:
+    """The most any rank of ``held`` (each a :func:`footprint`) holds."""
+    return {f"rank_{k}": max(h[k] for h in held) for k in ("uss_mb", "rss_mb", "idle_cpu")}
+
+
 def baseline(ranks: int, timeout: float) -> dict:
     """Plain ipyparallel engines importing the stack: the time of each part."""
     t0 = time.perf_counter()
@@ -69,9 +74,7 @@ def baseline(ranks: int, timeout: float) -> dict:
         t_stop = time.perf_counter()
         cluster.stop_cluster_sync()
     return {"controller_s": t_controller - t0, "engines_s": t_engines - t_controller, "imports_s": t_imports - t_engines,
-            "ready_s": t_imports - t0, "stop_s": time.perf_counter() - t_stop,
-            "rank_uss_mb": max(h["uss_mb"] for h in held), "rank_rss_mb": max(h["rss_mb"] for h in held),
-            "rank_idle_cpu": max(h["idle_cpu"] for h in held)}
+            "ready_s": t_imports - t0, "stop_s": time.perf_counter() - t_stop, **most_held(held)}
 
 
 def session(ranks: int, timeout: float, image: str | None = None) -> dict:
@@ -85,9 +88,7 @@ def session(ranks: int, timeout: float, image: str | None = None) -> dict:
     finally:
         t_close = time.perf_counter()
         s.close()
-    return {"ready_s": t_ready - t0, "close_s": time.perf_counter() - t_close,
-            "rank_uss_mb": max(h["uss_mb"] for h in held), "rank_rss_mb": max(h["rss_mb"] for h in held),
-            "rank_idle_cpu": max(h["idle_cpu"] for h in held)}
+    return {"ready_s": t_ready - t0, "close_s": time.perf_counter() - t_close, **most_held(held)}
 
 
 def main() -> int:

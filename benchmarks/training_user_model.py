@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from fit_profile import spread  # this folder is on the path
 from jupyter_hpcdl.training import TrainingSession
 
 SCRIPT = Path(__file__).resolve().parent / "keras_synthetic.py"
@@ -145,20 +145,12 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     lat = latency(args.latency_ranks, args.poll) if args.latency_ranks else None
-    med = statistics.median
     summary = {"model": args.model, "ranks": args.ranks, "batch_size": args.batch_size, "image_size": args.image_size,
                "rounds": args.rounds, "metric_latency": lat, "when": time.strftime("%Y-%m-%d %H:%M")}
     if rows:  # --rounds 0: the latency alone
-        summary.update({
-            "horovodrun_images_per_s": med(r["horovodrun"] for r in rows),
-            "run_script_images_per_s": med(r["run_script"] for r in rows),
-            "fit_images_per_s": med(r["fit"] for r in rows),
-            "ratio_run_script_over_horovodrun": med(r["ratio_run_script"] for r in rows),
-            "ratio_run_script_over_horovodrun_range": [min(r["ratio_run_script"] for r in rows),
-                                                       max(r["ratio_run_script"] for r in rows)],
-            "ratio_fit_over_horovodrun": med(r["ratio_fit"] for r in rows),
-            "ratio_fit_over_horovodrun_range": [min(r["ratio_fit"] for r in rows), max(r["ratio_fit"] for r in rows)],
-            "ratio_whole_fit_over_horovodrun": med(r["ratio_fit_whole"] for r in rows)})
+        summary.update({f"{k}_images_per_s": spread([r[k] for r in rows]) for k in ("horovodrun", "run_script", "fit")})
+        summary.update({f"{k}_over_horovodrun": spread([r[k] for r in rows])
+                        for k in ("ratio_run_script", "ratio_fit", "ratio_fit_whole")})
     print(json.dumps(summary, indent=2))
     return 0
 
