@@ -58,7 +58,14 @@ def _train_and_watch_charts_update(page, epochs: int, timeout: float) -> None:
                                              .map(e => e.getAttribute('d') || '');
                                            return now.length >= 6 && now.some((d, i) => d !== first[i]); }}""",
                            arg=first, timeout=timeout * 1000)
-    assert page.locator(".hpcdl-dashboard .bqplot .legendtext", has_text="rank 1").count() >= 3, "a line per rank"
+    # bqplot draws a figure's legend after its marks: wait for it, and say what was there if it never came
+    legends = ".hpcdl-dashboard .bqplot .legendtext"
+    try:
+        page.wait_for_function(f"[...document.querySelectorAll('{legends}')]"
+                               ".filter(e => e.textContent.trim() === 'rank 1').length >= 3", timeout=60_000)
+    except pytest.importorskip("playwright.sync_api").TimeoutError:
+        shown = page.eval_on_selector_all(legends, "els => els.map(e => e.textContent.trim())")
+        raise AssertionError(f"a line per rank: each of the 3 charts should name rank 1; the legends say {shown}")
 
 
 @pytest.mark.ranks
