@@ -102,8 +102,23 @@ def file_pipeline(directory):
 
         files = tf.data.Dataset.from_tensor_slices(parts)
         samples = files.map(lambda p: tf.numpy_function(read, [p], (tf.float32, tf.int64))).unbatch()
-        return samples.map(lambda x, y: (tf.ensure_shape(x, [64]), tf.ensure_shape(y, []))).shuffle(800).batch(32)
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = 2  # the user's own options, kept by the session's stream
+        return (samples.map(lambda x, y: (tf.ensure_shape(x, [64]), tf.ensure_shape(y, []))).shuffle(800).batch(32)
+                .with_options(options))
     return data
+
+
+def stream_options() -> list:
+    """Of the streams this rank's next fit reads (training, validation): whether they are autotuned (None:
+    TensorFlow's default) and their private thread pool's size."""
+    from jupyter_hpcdl.backends.horovod.rank import _STATE
+    from jupyter_hpcdl.backends.horovod.rank_data import training_stream, validation_stream
+    spec = _STATE["spec"]
+    streams = [training_stream(_STATE["shard"], spec.batch_size, spec.seed, 0),
+               validation_stream(_STATE["validation"], spec.batch_size)]
+    return [None if s is None else (s.options().autotune.enabled, s.options().threading.private_threadpool_size)
+            for s in streams]
 
 
 def test_the_users_compiled_model_trains_with_their_pipeline_validation_and_callback(session, files):
@@ -125,6 +140,8 @@ def test_the_users_compiled_model_trains_with_their_pipeline_validation_and_call
     assert set(session.metrics.columns) >= {"accuracy", "loss"}
     epochs = session.epoch_metrics
     assert set(epochs["rank"]) == {0, 1} and "val_accuracy" in epochs.columns
+    # the user's pipeline keeps its options and TensorFlow's tuning; validation arrays in a stream of ours: none
+    assert session.run(stream_options) == {r: [(None, 2), (False, None)] for r in (0, 1)}
 
 
 def test_seeds_are_the_users_choice(session):
@@ -144,6 +161,8 @@ def test_arrays_a_npz_path_and_scaled_learning_rate(session, tmp_path):
     assert sorted(b["samples"] for b in built) == [898, 899]
     assert [b["learning_rate"] for b in built] == pytest.approx([0.02, 0.02])  # the schedule's 0.01 × 2 ranks
     assert session.fit(epochs=1).epochs_done == 1
+    # arrays: nothing in the stream to tune, and an autotuned iterator's teardown can hold up the end of a fit
+    assert session.run(stream_options) == {r: [(False, None), None] for r in (0, 1)}
 
 
 def batchnorm_model():

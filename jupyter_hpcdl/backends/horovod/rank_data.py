@@ -72,8 +72,22 @@ def training_stream(shard: Shard, batch_size: int, seed: int, rank: int, shuffle
                                   reshuffle_each_iteration=False) if shuffle else base
             return passed.batch(batch_size)
 
-    return (tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(offset)
-            .prefetch(tf.data.AUTOTUNE))
+    stream = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(offset).prefetch(tf.data.AUTOTUNE)
+    # the user's own options (the stream's options are its outer stages', not those inside flat_map)
+    return stream.with_options(shard.dataset.options() if shard.dataset is not None else untuned())
+
+
+def untuned():
+    """Options for the streams made here from arrays, whose stages have no parallelism to tune: no autotuning.
+    An autotuned iterator's teardown can wait for its tuning thread's next round (TensorFlow 2.15: 1.4–2.8 s
+    after about half the 45-batch fits of ``benchmarks/fit_end.py``), at the end of a fit and on one rank or
+    another, while its peers wait. Without it, the prefetch buffer still grows as needed. A user's own pipeline
+    keeps its own options."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
 
 
 def validation_stream(shard: Shard | None, batch_size: int):
@@ -84,4 +98,4 @@ def validation_stream(shard: Shard | None, batch_size: int):
         return None
     if shard.dataset is not None:
         return shard.dataset
-    return tf.data.Dataset.from_tensor_slices((shard.x, shard.y)).batch(batch_size)
+    return tf.data.Dataset.from_tensor_slices((shard.x, shard.y)).batch(batch_size).with_options(untuned())
