@@ -1,5 +1,5 @@
 """The end of a fit: how long ``fit()`` takes beyond its batches when the session streams the user's arrays
-untuned (as it does) against the same stream autotuned by TensorFlow (as it did), alternating in one session.
+untuned (the session's stream) against the same stream autotuned by TensorFlow (the baseline), in one session.
 
 2 local ranks, a ``tf.keras.applications`` model compiled by the user (``weights=None``), random arrays of
 ``--batches`` batches per rank per fit. Each round fits once with each variant, the order alternating between
@@ -47,7 +47,8 @@ def batch_timer(path: str):
 
 
 def tune(autotuned: bool) -> None:
-    """On a rank: the streams the session makes from arrays autotuned (as before) or not (as now)."""
+    """On a rank: the streams the session makes from arrays autotuned (TensorFlow's default) or not (the
+    session's)."""
     import tensorflow as tf
 
     from jupyter_hpcdl.backends.horovod import rank_data

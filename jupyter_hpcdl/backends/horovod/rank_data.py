@@ -79,9 +79,9 @@ def training_stream(shard: Shard, batch_size: int, seed: int, rank: int, shuffle
 
 def untuned():
     """Options for the streams made here from arrays, whose stages have no parallelism to tune: no autotuning.
-    An autotuned iterator's teardown can wait for its tuning thread's next round (TensorFlow 2.15: 1.4–2.8 s
-    after about half the 45-batch fits of ``benchmarks/fit_end.py``), at the end of a fit and on one rank or
-    another, while its peers wait. Without it, the prefetch buffer still grows as needed. A user's own pipeline
+    An autotuned iterator's teardown can wait for its tuning thread's next round (TensorFlow 2.15: 2.3–2.8 s
+    after 5 of 7 45-batch fits in ``benchmarks/fit_end.py``), at the end of a fit and on one rank or another,
+    while its peers wait. Without it, the prefetch buffer still grows as needed. A user's own pipeline
     keeps its own options."""
     import tensorflow as tf
 
