@@ -150,7 +150,7 @@ def test_stopped_rank_is_reported_within_the_bound_and_the_world_ends():
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_stop_and_calls_end_even_when_a_rank_hangs():
-    with TrainingSession(ranks=2, stop_grace=5, call_timeout=5) as s:
+    with TrainingSession(ranks=2, stop_grace=5) as s:
         s.setup(digits_model, digits_shard, loss=digits_loss, lr=0.05, batch_size=16)
         pids = _engine_pids(s)
         # the ranks look for a Stop every 4 batches: the grace stretched by slow steps (2 x 4 step times) stays well
@@ -179,6 +179,9 @@ def test_stop_and_calls_end_even_when_a_rank_hangs():
         s.start()
         s.setup(digits_model, digits_shard, loss=digits_loss, lr=0.05, batch_size=16)
         pids = _engine_pids(s)
+        # a short deadline for the calls from here on: the build above, on fresh ranks of a loaded machine, may take
+        # longer (call_timeout is read at each call)
+        s.call_timeout = 5
         os.kill(pids[1], signal.SIGSTOP)
         t0 = time.monotonic()
         with pytest.raises(RankError, match=r"shard_size did not finish in 5 s on rank\(s\) 1"):
