@@ -73,20 +73,26 @@ def training_stream(shard: Shard, batch_size: int, seed: int, rank: int, shuffle
             return passed.batch(batch_size)
 
     stream = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass).skip(offset).prefetch(tf.data.AUTOTUNE)
-    # the user's own options (the stream's options are its outer stages', not those inside flat_map)
-    return stream.with_options(shard.dataset.options() if shard.dataset is not None else untuned())
+    if shard.dataset is not None:  # the user's own options (the stream's are its outer stages', not flat_map's)
+        stream = stream.with_options(shard.dataset.options())
+    return stream.with_options(untuned(shard.dataset))
 
 
-def untuned():
-    """Options for the streams made here from arrays, whose stages have no parallelism to tune: no autotuning.
-    An autotuned iterator's teardown can wait for its tuning thread's next round (TensorFlow 2.15: 2.3–2.8 s
-    after 5 of 7 45-batch fits in ``benchmarks/fit_end.py``), at the end of a fit and on one rank or another,
-    while its peers wait. Without it, the prefetch buffer still grows as needed. A user's own pipeline
-    keeps its own options."""
+def untuned(dataset=None):
+    """Options that turn ``tf.data``'s autotuning off, unless ``dataset`` (a user's) sets it itself.
+
+    Tearing down an autotuned iterator waits for its tuning thread's next round (TensorFlow 2.15), and that
+    thread's period doubles as the iterator runs: 2.3–2.8 s after 5 of 7 45-batch fits in
+    ``benchmarks/fit_end.py``, up to about 20 s after 125-batch fits in ``benchmarks/training_user_model.py``. Keras
+    tears down a fit's iterator at its end, and a validation set's after each epoch, on one rank or another while
+    its peers wait. Without autotuning, a stage's ``AUTOTUNE`` parallelism is TensorFlow's default (the cores, up
+    to 16) and a prefetch buffer still grows as needed. A user's Dataset that sets
+    ``options.autotune.enabled = True`` keeps it."""
     import tensorflow as tf
 
     options = tf.data.Options()
-    options.autotune.enabled = False
+    if dataset is None or dataset.options().autotune.enabled is None:
+        options.autotune.enabled = False
     return options
 
 
@@ -97,5 +103,5 @@ def validation_stream(shard: Shard | None, batch_size: int):
     if shard is None:
         return None
     if shard.dataset is not None:
-        return shard.dataset
+        return shard.dataset.with_options(untuned(shard.dataset))
     return tf.data.Dataset.from_tensor_slices((shard.x, shard.y)).batch(batch_size).with_options(untuned())
