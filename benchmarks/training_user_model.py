@@ -7,7 +7,8 @@ user's own model, data and scripts).
    20 batches), alternating rounds: images/s after the warm-up batches, as the script itself measures them.
 2. The same model compiled by the user and trained by ``session.setup(...)``/``fit`` (the session's own data
    stream), its second fit: images/s after the same warm-up batches, timed by a callback on rank 0 as the script
-   times them, and over the whole call of ``fit()`` (round trip and the weights check included).
+   times them, and over the whole call of ``fit()`` (round trip and the weights check included); meanwhile, the CPU
+   that the kernel and the session's other processes (controller, nannies) use beside the ranks.
 3. Rank-to-kernel metric latency with ``--latency-ranks`` local ranks (default 8): publication on the rank to
    arrival in the session's table, p50/p95 (target p95 <= 100 ms).
 
@@ -22,8 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from fit_profile import spread  # this folder is on the path
 from jupyter_hpcdl.training import TrainingSession
 
@@ -83,7 +86,40 @@ def steady_timer(path: str, warmup: int):
     return callbacks
 
 
-def through_fit(session: TrainingSession, args, timer_path: str) -> tuple[float, float]:
+@dataclass
+class FitFigures:
+    """Images/s of a fit in its steady state and over its whole call; CPU beside the ranks (:class:`Beside`)."""
+    steady: float
+    whole: float
+    kernel_cpu: float
+    others_cpu: float
+
+
+class Beside:
+    """The CPU that the session's processes other than its ranks use while they train, as a share of one core: the
+    kernel (this process: the fit's call, the metrics' collection) and the others on this machine (ipyparallel's
+    controller, the engines' nannies, the reaper)."""
+
+    def __init__(self, session: TrainingSession):
+        ranks = {int(w["pid"]) for w in session.world}
+        self.kernel = psutil.Process()
+        self.others = [p for p in self.kernel.children(recursive=True) if p.pid not in ranks]
+        self.t0, self.cpu0 = time.perf_counter(), self.cpu()
+
+    def cpu(self) -> tuple[float, float]:
+        def used(p: psutil.Process) -> float:
+            try:
+                return sum(p.cpu_times()[:2])
+            except psutil.Error:  # ended meanwhile: what it used is not counted
+                return 0.0
+        return used(self.kernel), sum(used(p) for p in self.others)
+
+    def shares(self) -> tuple[float, float]:
+        seconds, cpu = time.perf_counter() - self.t0, self.cpu()
+        return (cpu[0] - self.cpu0[0]) / seconds, (cpu[1] - self.cpu0[1]) / seconds
+
+
+def through_fit(session: TrainingSession, args, timer_path: str) -> FitFigures:
     """Images/s of the user's compiled model through ``setup()``/``fit()``: in the steady state (the batches after
     the warm-up, timed on rank 0 as the script times them) and over the whole call of ``fit()``."""
     warmup = 5
@@ -91,10 +127,11 @@ def through_fit(session: TrainingSession, args, timer_path: str) -> tuple[float,
                   batch_size=args.batch_size, steps_per_epoch=warmup + args.batches, scale_lr=True,
                   callbacks=steady_timer(timer_path, warmup))
     session.fit(epochs=1)  # warm-up: tracing, the first broadcast
+    beside = Beside(session)
     result = session.fit(epochs=1)  # the same model again, not rebuilt
     images = args.batches * args.batch_size * session.ranks
     steady = images / json.loads(Path(timer_path).read_text())["seconds"]
-    return steady, (images + warmup * args.batch_size * session.ranks) / result.seconds
+    return FitFigures(steady, (images + warmup * args.batch_size * session.ranks) / result.seconds, *beside.shares())
 
 
 def latency(ranks: int, poll: float) -> dict:
@@ -138,7 +175,9 @@ def main() -> int:
             else:  # TF's own thread defaults, as under horovodrun
                 with TrainingSession(ranks=args.ranks, where="local", tf_threads=0) as s:
                     row["run_script"] = through_run_script(s, script_args)
-                    row["fit"], row["fit_whole"] = through_fit(s, args, timer_path)
+                    fit = through_fit(s, args, timer_path)
+                    row.update(fit=fit.steady, fit_whole=fit.whole, kernel_cpu=fit.kernel_cpu,
+                               others_cpu=fit.others_cpu)
         row["ratio_run_script"] = row["run_script"] / row["horovodrun"]
         row["ratio_fit"] = row["fit"] / row["horovodrun"]
         row["ratio_fit_whole"] = row["fit_whole"] / row["horovodrun"]
@@ -151,6 +190,7 @@ def main() -> int:
         summary.update({f"{k}_images_per_s": spread([r[k] for r in rows]) for k in ("horovodrun", "run_script", "fit")})
         summary.update({f"{k}_over_horovodrun": spread([r[k] for r in rows])
                         for k in ("ratio_run_script", "ratio_fit", "ratio_fit_whole")})
+        summary.update({f"{k}_share_of_a_core": spread([r[k] for r in rows]) for k in ("kernel_cpu", "others_cpu")})
     print(json.dumps(summary, indent=2))
     return 0
 
