@@ -102,21 +102,26 @@ class Beside:
 
     def __init__(self, session: TrainingSession):
         ranks = {int(w["pid"]) for w in session.world}
-        self.kernel = psutil.Process()
-        self.others = [p for p in self.kernel.children(recursive=True) if p.pid not in ranks]
+        kernel = psutil.Process()
+        self.processes = [kernel] + [p for p in kernel.children(recursive=True) if p.pid not in ranks]
         self.t0, self.cpu0 = time.perf_counter(), self.cpu()
 
-    def cpu(self) -> tuple[float, float]:
-        def used(p: psutil.Process) -> float:
+    def cpu(self) -> dict[int, float]:
+        """Each process's CPU seconds so far, by pid; one that has ended is left out."""
+        used = {}
+        for p in self.processes:
             try:
-                return sum(p.cpu_times()[:2])
-            except psutil.Error:  # ended meanwhile: what it used is not counted
-                return 0.0
-        return used(self.kernel), sum(used(p) for p in self.others)
+                used[p.pid] = sum(p.cpu_times()[:2])
+            except psutil.Error:
+                pass
+        return used
 
     def shares(self) -> tuple[float, float]:
+        """The kernel's share of a core since the start, and the others' together (those up at both ends)."""
         seconds, cpu = time.perf_counter() - self.t0, self.cpu()
-        return (cpu[0] - self.cpu0[0]) / seconds, (cpu[1] - self.cpu0[1]) / seconds
+        grew = {pid: cpu[pid] - self.cpu0[pid] for pid in cpu.keys() & self.cpu0.keys()}
+        kernel = self.processes[0].pid
+        return grew.get(kernel, 0.0) / seconds, sum(v for pid, v in grew.items() if pid != kernel) / seconds
 
 
 def through_fit(session: TrainingSession, args, timer_path: str) -> FitFigures:

@@ -121,14 +121,15 @@ def stream_options() -> list:
             for s in streams]
 
 
-def autotuning_kept(autotune: bool) -> list:
+def autotuning_kept(autotune: bool | None) -> list:
     """Whether the session's training and validation streams over a user's Dataset that sets ``tf.data``'s
-    autotuning to ``autotune`` are autotuned."""
+    autotuning to ``autotune`` (None: leaves it unset) are autotuned."""
     import tensorflow as tf
 
     from jupyter_hpcdl.backends.horovod.rank_data import Shard, training_stream, validation_stream
     options = tf.data.Options()
-    options.autotune.enabled = autotune
+    if autotune is not None:
+        options.autotune.enabled = autotune
     shard = Shard(dataset=tf.data.Dataset.range(8).batch(2).with_options(options))
     return [s.options().autotune.enabled for s in (training_stream(shard, 2, 0, 0), validation_stream(shard, 2))]
 
@@ -155,8 +156,9 @@ def test_the_users_compiled_model_trains_with_their_pipeline_validation_and_call
     # the user's pipeline keeps its options; tf.data's autotuning, which it leaves unset, is off (its teardown can
     # hold up the end of a fit by seconds); validation arrays in a stream of ours: not autotuned either
     assert session.run(stream_options) == {r: [(False, 2), (False, None)] for r in (0, 1)}
-    # a Dataset that asks for autotuning keeps it, for training and for validation
+    # for training and for validation: a Dataset that asks for autotuning keeps it, one that does not say is not
     assert session.run(autotuning_kept, True) == {r: [True, True] for r in (0, 1)}
+    assert session.run(autotuning_kept, None) == {r: [False, False] for r in (0, 1)}
 
 
 def test_seeds_are_the_users_choice(session):

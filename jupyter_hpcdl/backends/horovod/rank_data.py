@@ -85,8 +85,8 @@ def untuned(dataset=None):
     thread's period doubles as the iterator runs: 2.3–2.8 s after 5 of 7 45-batch fits in
     ``benchmarks/fit_end.py``, up to about 20 s after 125-batch fits in ``benchmarks/training_user_model.py``. Keras
     tears down a fit's iterator at its end, and a validation set's after each epoch, on one rank or another while
-    its peers wait. Without autotuning, a stage's ``AUTOTUNE`` parallelism is TensorFlow's default (the cores, up
-    to 16) and a prefetch buffer still grows as needed. A user's Dataset that sets
+    its peers wait. Without autotuning, a stage's ``AUTOTUNE`` parallelism is TensorFlow's default (its thread pool's
+    size, up to 16) and a prefetch buffer still grows as needed. A user's Dataset that sets
     ``options.autotune.enabled = True`` keeps it."""
     import tensorflow as tf
 
