@@ -110,10 +110,17 @@ def _wait_for_batches(session, timeout: float = 90) -> None:
     raise AssertionError("the ranks never started training")
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ended, reaped meanwhile
+        return False
+
+
 def _gone(pids, timeout: float = 30) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in pids if _running(p)]
         if not alive:
             return []
         time.sleep(0.5)
